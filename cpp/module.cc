@@ -1,0 +1,37 @@
+// The Python extension: hands JAX the FFI handlers, grouped by platform.
+#include <nanobind/nanobind.h>
+
+#include "ffi/handlers.h"
+
+namespace nb = nanobind;
+
+namespace {
+
+template <typename Fn>
+nb::capsule capsule(Fn* fn) {
+  return nb::capsule(reinterpret_cast<void*>(fn));
+}
+
+}  // namespace
+
+NB_MODULE(_jaxcraft, m) {
+  m.def("registrations", []() {
+    nb::dict cpu, cuda;
+    cpu["jaxcraft_norm_fwd"] = capsule(jaxcraft_norm_fwd_cpu);
+    cpu["jaxcraft_norm_bwd"] = capsule(jaxcraft_norm_bwd_cpu);
+#ifdef JAXCRAFT_WITH_CUDA
+    cuda["jaxcraft_norm_fwd"] = capsule(jaxcraft_norm_fwd_cuda);
+    cuda["jaxcraft_norm_bwd"] = capsule(jaxcraft_norm_bwd_cuda);
+#endif
+    nb::dict out;
+    out["cpu"] = cpu;
+    out["CUDA"] = cuda;
+    return out;
+  });
+  m.attr("with_cuda") =
+#ifdef JAXCRAFT_WITH_CUDA
+      true;
+#else
+      false;
+#endif
+}

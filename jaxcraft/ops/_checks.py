@@ -1,0 +1,43 @@
+"""Input validation shared by the ops: every message names the argument, what
+was seen, and what was expected (shared/DESIGN.md rule 10)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(jnp.bfloat16), np.dtype(np.float16))
+_KERNEL_DTYPE_NAMES = "float32, bfloat16 or float16"
+
+
+def as_array(name: str, value):
+  if isinstance(value, (jax.Array, np.ndarray, np.generic, float, int)):
+    return jnp.asarray(value)
+  if hasattr(value, "shape") and hasattr(value, "dtype"):  # tracers, ShapeDtypeStruct-likes
+    return value
+  raise TypeError(f"{name} must be an array; got {type(value).__name__}")
+
+
+def check_float(name: str, x) -> None:
+  if np.dtype(x.dtype) not in KERNEL_DTYPES:
+    raise TypeError(f"{name} must be {_KERNEL_DTYPE_NAMES}; got dtype {x.dtype}")
+
+
+def check_floating(name: str, x) -> None:
+  if not jnp.issubdtype(x.dtype, jnp.floating):
+    raise TypeError(f"{name} must have a floating dtype; got dtype {x.dtype}")
+
+
+def check_shape(name: str, x, expected: tuple[int, ...], what: str) -> None:
+  if tuple(x.shape) != tuple(expected):
+    raise ValueError(f"{name} must have shape {tuple(expected)} ({what}); got {tuple(x.shape)}")
+
+
+def static_float(name: str, value) -> float:
+  if isinstance(value, jax.core.Tracer):
+    raise TypeError(f"{name} must be a Python float (static), not a traced value")
+  try:
+    return float(value)
+  except (TypeError, ValueError):
+    raise TypeError(f"{name} must be a float; got {value!r}") from None

@@ -1,0 +1,165 @@
+"""Machinery shared by every jaxcraft op.
+
+Each op has two primitives:
+- a *kernel* primitive whose lowering is the jaxcraft FFI custom call on
+  platforms where the kernel is built, and the op's pure-JAX reference
+  elsewhere (any other platform, or a CPU-only build running on a GPU);
+- a *partitioned* primitive that users' transformations see: it carries the
+  batching rule, and lowers through `custom_partitioning` so that sharded
+  `jax.jit` runs the kernel per shard instead of gathering whole arrays.
+  (`custom_partitioning` has no batching rule of its own, hence the outer
+  primitive.)
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, NamedTuple
+
+import jax
+from jax._src import dispatch
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.extend.core import Primitive
+from jax.interpreters import batching, mlir
+from jax.sharding import NamedSharding
+
+from jaxcraft import _ffi
+
+IMPLEMENTATIONS = (None, "cuda", "cpu", "xla")
+NOT_MAPPED = None  # how batching rules mark an operand without a batch axis
+KERNEL_PLATFORMS = ("cpu", "cuda")
+
+
+def check_implementation(implementation: str | None) -> None:
+  """Rejects unknown names, and kernels that this build does not have."""
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(
+        "implementation must be None, 'cuda', 'cpu' or 'xla'; got "
+        f"{implementation!r}")
+  if implementation in KERNEL_PLATFORMS and not _ffi.has_kernels(implementation):
+    why = _ffi.extension_error()
+    raise ValueError(
+        f"implementation={implementation!r}: jaxcraft was built without "
+        f"{implementation} kernels"
+        + (f" (the extension failed to import: {why})" if why else
+           " (rebuild with a CUDA toolkit and JAXCRAFT_ENABLE_CUDA=ON)"))
+
+
+def _new_primitive(name: str, abstract_eval: Callable) -> Primitive:
+  prim = Primitive(name)
+  prim.multiple_results = True
+  prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
+  prim.def_abstract_eval(abstract_eval)
+  return prim
+
+
+def kernel_primitive(name: str, *, target: str, abstract_eval: Callable,
+                     reference: Callable, ffi_attrs: Callable[..., dict]) -> Primitive:
+  """A primitive lowered to FFI `target` where built, else to `reference`.
+
+  `reference(*operands, **params)` and `ffi_attrs(**params)` (the attributes
+  the handler reads) both receive the primitive's params, which always include
+  `implementation`.
+  """
+  prim = _new_primitive(name, abstract_eval)
+
+  def reference_lowering(ctx, *args, **params):
+    return mlir.lower_fun(functools.partial(reference, **params),
+                          multiple_results=True)(ctx, *args)
+
+  def platform_lowering(ctx, *args, platform, **params):
+    implementation = params["implementation"]
+    if implementation not in (None, platform):
+      raise ValueError(
+          f"implementation={implementation!r} was requested, but this "
+          f"computation is being compiled for {platform}")
+    if _ffi.has_kernels(platform):
+      return jax.ffi.ffi_lowering(target)(ctx, *args, **ffi_attrs(**params))
+    if implementation == platform:
+      check_implementation(implementation)  # raises with the reason
+    return reference_lowering(ctx, *args, **params)
+
+  mlir.register_lowering(prim, reference_lowering)
+  for platform in KERNEL_PLATFORMS:
+    mlir.register_lowering(
+        prim, functools.partial(platform_lowering, platform=platform),
+        platform=platform)
+  return prim
+
+
+def partitioned_primitive(name: str, *, abstract_eval: Callable,
+                          batching_rule: Callable,
+                          make_partitioned: Callable[..., Callable]) -> Primitive:
+  """The user-facing primitive of an op.
+
+  `make_partitioned(ndims, **params)` returns the op's `PartitionedCall`
+  (built by `partitioned_call`) given the operands' ranks; it is called once
+  per (ranks, params).
+  """
+  prim = _new_primitive(name, abstract_eval)
+  batching.primitive_batchers[prim] = batching_rule
+  cached = functools.cache(make_partitioned)
+
+  def lowering(ctx, *args, **params):
+    ndims = tuple(a.ndim for a in ctx.avals_in)
+    call = cached(ndims, **params)
+    # One device (eager dispatch, plain jit): nothing to partition.
+    # custom_partitioning cannot lower without a device assignment.
+    axis_ctx = ctx.module_context.axis_context
+    devices = getattr(axis_ctx, "device_assignment", ())
+    fn = call.local if devices is None or len(devices or ()) == 1 else call.partitioned
+    return mlir.lower_fun(fn, multiple_results=True)(ctx, *args)
+
+  mlir.register_lowering(prim, lowering)
+  # Like jax's cuDNN attention: jit must know the devices at lowering time for
+  # custom_partitioning to see the mesh.
+  dispatch.prim_requires_devices_during_lowering.add(prim)
+  return prim
+
+
+class PartitionedCall(NamedTuple):
+  local: Callable        # operands -> outputs on one device's shards
+  partitioned: Callable  # custom_partitioning wrapper of `local`
+
+
+def partitioned_call(local_fn: Callable, *, sharding_rule: str,
+                     choose_shardings: Callable, **rule_kwargs: Any) -> PartitionedCall:
+  """Wraps `local_fn` (operands -> list of outputs, on per-device shapes).
+
+  `choose_shardings(mesh, arg_specs)` gets each operand's PartitionSpec
+  (None when the sharding is not a mesh sharding) and returns
+  (arg_specs, result_specs, psum_axes): the layout the kernel runs in (XLA
+  reshards operands into it), and for each output the mesh axes it must be
+  summed over (outputs that reduce over rows split across devices), or ().
+  """
+  fn = custom_partitioning(local_fn)
+
+  def specs_of(mesh, arg_shapes):
+    return [s.sharding.spec if isinstance(s.sharding, NamedSharding) else None
+            for s in arg_shapes]
+
+  def partition(mesh, arg_shapes, result_shape):
+    arg_specs, result_specs, psum_axes = choose_shardings(mesh, specs_of(mesh, arg_shapes))
+
+    def lowered(*args):
+      outs = local_fn(*args)
+      return [jax.lax.psum(o, axes) if axes else o for o, axes in zip(outs, psum_axes)]
+
+    # Results are a list (local_fn returns one); operands a tuple.
+    result_shardings = [NamedSharding(mesh, s) for s in result_specs]
+    return mesh, lowered, result_shardings, tuple(NamedSharding(mesh, s) for s in arg_specs)
+
+  def infer(mesh, arg_shapes, result_shape):
+    _, result_specs, _ = choose_shardings(mesh, specs_of(mesh, arg_shapes))
+    return [NamedSharding(mesh, s) for s in result_specs]
+
+  fn.def_partition(partition=partition, infer_sharding_from_operands=infer,
+                   sharding_rule=sharding_rule, **rule_kwargs)
+  return PartitionedCall(local_fn, fn)
+
+
+def move_to_front(x, dim, size):
+  """The batched operand with its batch axis first (broadcast if unbatched)."""
+  if dim is NOT_MAPPED:
+    return jax.numpy.broadcast_to(x, (size, *x.shape))
+  return jax.numpy.moveaxis(x, dim, 0)
