@@ -1,6 +1,15 @@
 """jaxcraft: hand-written CUDA and CPU kernels as first-class JAX operations."""
 
+import importlib
+
 from jaxcraft.ops.norm import layer_norm, rms_norm
 
-__all__ = ["layer_norm", "rms_norm"]
+__all__ = ["layer_norm", "rms_norm", "nn", "nnx"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+  # The Flax modules import flax, an optional dependency: load them on first use.
+  if name in ("nn", "nnx"):
+    return importlib.import_module(f"jaxcraft.{name}")
+  raise AttributeError(f"module 'jaxcraft' has no attribute {name!r}")

@@ -21,7 +21,7 @@ from jax._src import dispatch
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
-from jax.sharding import NamedSharding
+from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxcraft import _ffi
 
@@ -163,3 +163,35 @@ def move_to_front(x, dim, size):
   if dim is NOT_MAPPED:
     return jax.numpy.broadcast_to(x, (size, *x.shape))
   return jax.numpy.moveaxis(x, dim, 0)
+
+
+def result_aval(like, shape, dtype, spec=()):
+  """Abstract value for a result: `shape`/`dtype`, on the mesh of the operand
+  `like` and varying over the same manual axes (inside `shard_map`), with its
+  dimensions sharded as `spec` says (default: not sharded)."""
+  spec = tuple(spec) + (None,) * (len(shape) - len(spec))
+  sharding = NamedSharding(like.sharding.mesh, PartitionSpec(*spec))
+  return like.update(shape=tuple(shape), dtype=dtype, weak_type=False, sharding=sharding)
+
+
+def row_spec(aval, keep: int):
+  """The first `keep` entries of an operand's sharding spec (row axes)."""
+  spec = tuple(getattr(aval.sharding, "spec", ()))
+  return (spec + (None,) * keep)[:keep]
+
+
+def varying_axes(x) -> frozenset:
+  """Manual mesh axes over which x varies inside shard_map (empty outside).
+  The attribute moved between JAX versions: `.vma`, or `.mat.varying`."""
+  aval = jax.typeof(x)
+  vma = getattr(aval, "vma", None)
+  if vma is None:
+    vma = getattr(getattr(aval, "mat", None), "varying", frozenset())
+  return frozenset(vma)
+
+
+def sum_to_match(grad, primal):
+  """A parameter's cotangent summed over the manual axes where it varies but
+  the primal does not (a shard_map'ed gradient of a replicated parameter)."""
+  extra = tuple(sorted(varying_axes(grad) - varying_axes(primal)))
+  return jax.lax.psum(grad, extra) if extra else grad

@@ -82,11 +82,12 @@ def _present(a):
 
 def _fwd_kernel_abstract(x, residual, scale, bias, *, rms, epsilon, implementation):
   rows = x.shape[0]
-  sds = jax.core.ShapedArray
-  return (sds(x.shape, x.dtype),
-          sds(x.shape if residual.size else (0,), x.dtype),
-          sds((0,) if rms else (rows,), F32),
-          sds((rows,), F32))
+  rowwise = _primitive.row_spec(x, 1)
+  out = lambda shape, dtype, spec=(): _primitive.result_aval(x, shape, dtype, spec)
+  return (out(x.shape, x.dtype, rowwise),
+          out(x.shape, x.dtype, rowwise) if residual.size else out((0,), x.dtype),
+          out((0,), F32) if rms else out((rows,), F32, rowwise),
+          out((rows,), F32, rowwise))
 
 
 def _fwd_kernel_reference(x, residual, scale, bias, *, rms, epsilon, implementation):
@@ -104,10 +105,9 @@ _fwd_kernel_p = _primitive.kernel_primitive(
 
 def _bwd_kernel_abstract(dy, h, scale, mean, rstd, dh_extra, *, rms, num_partials,
                          want_dscale, want_dbias, implementation):
-  sds = jax.core.ShapedArray
-  cols = dy.shape[1]
-  part = lambda want: sds((num_partials, cols) if want else (0,), F32)
-  return sds(dy.shape, dy.dtype), part(want_dscale), part(want_dbias)
+  out = lambda shape, dtype, spec=(): _primitive.result_aval(dy, shape, dtype, spec)
+  part = lambda want: out((num_partials, dy.shape[1]) if want else (0,), F32)
+  return out(dy.shape, dy.dtype, _primitive.row_spec(dy, 1)), part(want_dscale), part(want_dbias)
 
 
 def _bwd_kernel_reference(dy, h, scale, mean, rstd, dh_extra, *, rms, num_partials,
@@ -178,14 +178,10 @@ def _fwd_local(cfg: _Fwd, x, *rest):
 
 
 def _fwd_abstract(x, *rest, cfg):
-  sds = jax.core.ShapedArray
-  outs = [sds(x.shape, x.dtype)]
-  if cfg.has_residual:
-    outs.append(sds(x.shape, x.dtype))
-  if not cfg.rms:
-    outs.append(sds(x.shape[:-1], F32))
-  outs.append(sds(x.shape[:-1], F32))
-  return outs
+  lead = _primitive.row_spec(x, x.ndim - 1)
+  out = lambda shape, dtype: _primitive.result_aval(x, shape, dtype, lead)
+  stats = out(x.shape[:-1], F32)
+  return [out(x.shape, x.dtype)] * (1 + cfg.has_residual) + [stats] * (1 + (not cfg.rms))
 
 
 def _lead_factors(ndim):
@@ -276,10 +272,9 @@ def _bwd_local(cfg: _Bwd, dy, h, *rest):
 
 
 def _bwd_abstract(dy, *rest, cfg):
-  sds = jax.core.ShapedArray
-  outs = [sds(dy.shape, dy.dtype)]
-  outs += [sds(dy.shape[-1:], F32)] * (cfg.want_dscale + cfg.want_dbias)
-  return outs
+  dh = _primitive.result_aval(dy, dy.shape, dy.dtype, _primitive.row_spec(dy, dy.ndim - 1))
+  param = _primitive.result_aval(dy, dy.shape[-1:], F32)
+  return [dh] + [param] * (cfg.want_dscale + cfg.want_dbias)
 
 
 def _make_bwd_partitioned(ndims, *, cfg: _Bwd):
@@ -348,11 +343,11 @@ def _norm_fwd(x, residual, scale, bias, cfg: _Fwd):
   mean = None if cfg.rms else outs.pop(0)
   rstd = outs.pop(0)
   primal = (y, h) if cfg.has_residual else y
-  return primal, (h, scale, mean, rstd)
+  return primal, (h, scale, mean, rstd, bias)
 
 
 def _norm_bwd(cfg: _Fwd, saved, ct):
-  h, scale, mean, rstd = saved
+  h, scale, mean, rstd, saved_bias = saved
   dy, dh_extra = ct if cfg.has_residual else (ct, None)
   bcfg = _Bwd(rms=cfg.rms, has_scale=cfg.has_scale, want_dscale=cfg.has_scale,
               want_dbias=cfg.has_bias, has_dh_extra=cfg.has_residual,
@@ -360,8 +355,8 @@ def _norm_bwd(cfg: _Fwd, saved, ct):
   operands = [a for a in (dy, h, scale, mean, rstd, dh_extra) if a is not None]
   outs = list(_bwd_p.bind(*operands, cfg=bcfg))
   dh = outs.pop(0)
-  dscale = outs.pop(0) if cfg.has_scale else None
-  dbias = outs.pop(0) if cfg.has_bias else None
+  dscale = _primitive.sum_to_match(outs.pop(0), scale) if cfg.has_scale else None
+  dbias = _primitive.sum_to_match(outs.pop(0), saved_bias) if cfg.has_bias else None
   return dh, (dh if cfg.has_residual else None), dscale, dbias
 
 

@@ -1,0 +1,31 @@
+"""What the linen and nnx norm modules share: when the kernel applies, and in
+which dtype it runs so that results match Flax's own modules."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from flax.linen import dtypes
+
+from jaxcraft.ops import norm as norm_ops
+
+
+def kernel_applies(module) -> bool:
+  """The kernel normalizes over the last axis of one device's array; other
+  configurations (several axes, cross-device statistics) stay with Flax."""
+  last_only = lambda axes: axes in (-1, (-1,), [-1])
+  return (last_only(module.reduction_axes) and last_only(module.feature_axes)
+          and module.axis_name is None)
+
+
+def normalize(x, scale, bias, *, dtype, epsilon: float, rms: bool):
+  """Flax's result dtype (`dtype`, else promoted from x and the params), with
+  the kernel running in the wider of that and x's dtype, as Flax computes."""
+  out_dtype = dtypes.canonicalize_dtype(*[a for a in (x, scale, bias) if a is not None],
+                                        dtype=dtype)
+  compute_dtype = jnp.promote_types(x.dtype, out_dtype)
+  x = x.astype(compute_dtype)
+  if rms:
+    y = norm_ops.rms_norm(x, scale, epsilon=epsilon)
+  else:
+    y = norm_ops.layer_norm(x, scale, bias, epsilon=epsilon)
+  return y.astype(out_dtype)

@@ -1,0 +1,35 @@
+"""`flax.linen.LayerNorm` / `RMSNorm` with the jaxcraft kernel inside.
+
+Subclasses keep Flax's fields, defaults and parameter names, so parameter
+trees are interchangeable with Flax's modules."""
+
+from __future__ import annotations
+
+import flax.linen as linen
+
+from jaxcraft import _flax_norm
+
+
+class LayerNorm(linen.LayerNorm):
+  """Drop-in for `flax.linen.LayerNorm`."""
+
+  @linen.compact
+  def __call__(self, x, *, mask=None):
+    if mask is not None or not _flax_norm.kernel_applies(self):
+      return super().__call__(x, mask=mask)
+    cols = x.shape[-1]
+    scale = self.param("scale", self.scale_init, (cols,), self.param_dtype) if self.use_scale else None
+    bias = self.param("bias", self.bias_init, (cols,), self.param_dtype) if self.use_bias else None
+    return _flax_norm.normalize(x, scale, bias, dtype=self.dtype, epsilon=self.epsilon, rms=False)
+
+
+class RMSNorm(linen.RMSNorm):
+  """Drop-in for `flax.linen.RMSNorm`."""
+
+  @linen.compact
+  def __call__(self, x, *, mask=None):
+    if mask is not None or not _flax_norm.kernel_applies(self):
+      return super().__call__(x, mask=mask)
+    cols = x.shape[-1]
+    scale = self.param("scale", self.scale_init, (cols,), self.param_dtype) if self.use_scale else None
+    return _flax_norm.normalize(x, scale, None, dtype=self.dtype, epsilon=self.epsilon, rms=True)
