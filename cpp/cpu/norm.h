@@ -1,9 +1,11 @@
 #pragma once
+#include "cpu/parallel.h"
 #include "kernels/norm/params.h"
 
 namespace jaxcraft {
 
-void norm_fwd_cpu(const NormFwdParams& p);
-void norm_bwd_cpu(const NormBwdParams& p);
+// `runner`: where to spread rows (null: std::thread).
+void norm_fwd_cpu(const NormFwdParams& p, const TaskRunner* runner = nullptr);
+void norm_bwd_cpu(const NormBwdParams& p, const TaskRunner* runner = nullptr);
 
 }  // namespace jaxcraft

@@ -1,6 +1,7 @@
 // FFI handlers for layer norm / RMS norm: buffers and attributes in, a
 // NormFwdParams / NormBwdParams out to the CPU loop or the CUDA launcher.
 #include "common/ffi_buffers.h"
+#include "common/ffi_task_runner.h"
 #include "cpu/norm.h"
 #include "ffi/handlers.h"
 #ifdef JAXCRAFT_WITH_CUDA
@@ -79,7 +80,7 @@ ffi::ErrorOr<NormBwdParams> bwd_params(ffi::AnyBuffer dy, ffi::AnyBuffer h,
 }
 
 // The argument list shared by the CPU and CUDA handlers; `b` carries what
-// comes first (nothing on CPU, the stream on CUDA).
+// comes first (the thread pool on CPU, the stream on CUDA).
 template <typename Binding>
 auto fwd_binding(Binding b) {
   return std::move(b)
@@ -110,25 +111,27 @@ auto bwd_binding(Binding b) {
       .template Attr<bool>("rms");
 }
 
-ffi::Error norm_fwd_cpu_impl(ffi::AnyBuffer x, ffi::AnyBuffer residual, ffi::Buffer<ffi::F32> scale,
+ffi::Error norm_fwd_cpu_impl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer residual, ffi::Buffer<ffi::F32> scale,
                              ffi::Buffer<ffi::F32> bias, ffi::Result<ffi::AnyBuffer> y,
                              ffi::Result<ffi::AnyBuffer> h_out,
                              ffi::Result<ffi::Buffer<ffi::F32>> mean,
                              ffi::Result<ffi::Buffer<ffi::F32>> rstd, float epsilon, bool rms) {
   auto p = fwd_params(x, residual, scale, bias, y, h_out, mean, rstd, epsilon, rms);
   if (p.has_error()) return p.error();
-  norm_fwd_cpu(p.value());
+  FfiTaskRunner runner(pool);
+  norm_fwd_cpu(p.value(), &runner);
   return ffi::Error::Success();
 }
 
-ffi::Error norm_bwd_cpu_impl(ffi::AnyBuffer dy, ffi::AnyBuffer h, ffi::Buffer<ffi::F32> scale,
+ffi::Error norm_bwd_cpu_impl(ffi::ThreadPool pool, ffi::AnyBuffer dy, ffi::AnyBuffer h, ffi::Buffer<ffi::F32> scale,
                              ffi::Buffer<ffi::F32> mean, ffi::Buffer<ffi::F32> rstd,
                              ffi::AnyBuffer dh_extra, ffi::Result<ffi::AnyBuffer> dh,
                              ffi::Result<ffi::Buffer<ffi::F32>> dscale_partial,
                              ffi::Result<ffi::Buffer<ffi::F32>> dbias_partial, bool rms) {
   auto p = bwd_params(dy, h, scale, mean, rstd, dh_extra, dh, dscale_partial, dbias_partial, rms);
   if (p.has_error()) return p.error();
-  norm_bwd_cpu(p.value());
+  FfiTaskRunner runner(pool);
+  norm_bwd_cpu(p.value(), &runner);
   return ffi::Error::Success();
 }
 
@@ -161,9 +164,9 @@ ffi::Error norm_bwd_cuda_impl(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBu
 namespace ffi = xla::ffi;
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxcraft_norm_fwd_cpu, jaxcraft::norm_fwd_cpu_impl,
-                              jaxcraft::fwd_binding(ffi::Ffi::Bind()));
+                              jaxcraft::fwd_binding(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxcraft_norm_bwd_cpu, jaxcraft::norm_bwd_cpu_impl,
-                              jaxcraft::bwd_binding(ffi::Ffi::Bind()));
+                              jaxcraft::bwd_binding(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
 #ifdef JAXCRAFT_WITH_CUDA
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     jaxcraft_norm_fwd_cuda, jaxcraft::norm_fwd_cuda_impl,

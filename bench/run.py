@@ -1,0 +1,47 @@
+"""One command for every benchmark: `python bench/run.py [--ops norm,...] [--out DIR]`.
+
+Prints a table, writes results.json and PNG plots into --out (default bench/out)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import jax  # noqa: E402
+
+import timing  # noqa: E402
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__)
+  parser.add_argument("--ops", default="norm", help="comma-separated: norm, attention")
+  parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "out"))
+  args = parser.parse_args()
+  out = pathlib.Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+
+  device = jax.devices()[0]
+  bandwidth = timing.copy_bandwidth()
+  meta = dict(device=device.device_kind, platform=device.platform, jax=jax.__version__,
+              date=datetime.date.today().isoformat(), copy_gbps=bandwidth / 1e9)
+  print(f"device {meta['device']} ({meta['platform']}), jax {meta['jax']}, "
+        f"copy bandwidth {meta['copy_gbps']:.0f} GB/s", flush=True)
+  results = dict(meta=meta)
+  for op in args.ops.split(","):
+    module = __import__(op)
+    print(f"== {op}", flush=True)
+    results[op] = module.run(bandwidth)
+  (out / "results.json").write_text(json.dumps(results, indent=1))
+  import plots  # noqa: E402 - matplotlib only when writing plots
+  plots.write_all(results, out)
+  print(f"wrote {out}/results.json and plots")
+
+
+if __name__ == "__main__":
+  main()
