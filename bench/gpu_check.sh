@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The one GPU script (run through the device tool): build, GPU tests,
+# compute-sanitizer on small cases, benchmarks. Logs and JSON go to $OUT.
+#   bash bench/gpu_check.sh [ops=norm] [stages=build,test,sanitize,bench]
+set -uo pipefail
+OPS=${1:-norm}
+STAGES=${2:-build,test,sanitize,bench}
+OUT=${OUT:-bench/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false CMAKE_BUILD_PARALLEL_LEVEL=16
+status=0
+stage() { [[ ",$STAGES," == *",$1,"* ]]; }
+step() {  # step NAME CMD...: run, log to $OUT/NAME.log, remember failure
+  echo "=== $1"
+  local t0=$SECONDS
+  "${@:2}" > "$OUT/$1.log" 2>&1
+  local rc=$?
+  tail -n 25 "$OUT/$1.log"
+  echo "=== $1: rc=$rc in $((SECONDS - t0))s"
+  [[ $rc == 0 ]] || status=1
+  return $rc
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+if stage build; then
+  step build python3 -m pip install --no-build-isolation --no-deps -v -e . || exit 1
+  grep -E "CUDA kernels|cmake version" "$OUT/build.log" | head -3
+fi
+if stage test; then
+  step tests python3 -m pytest -q -x -p no:cacheprovider tests
+fi
+if stage sanitize; then
+  for tool in memcheck racecheck synccheck; do
+    step "sanitize_$tool" compute-sanitizer --tool "$tool" --kernel-name kns=jaxcraft \
+      --error-exitcode 1 python3 bench/sanitize_cases.py "$OPS"
+  done
+fi
+if stage bench; then
+  step bench python3 bench/run.py --ops "$OPS" --out "$OUT"
+fi
+exit $status
