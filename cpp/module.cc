@@ -19,9 +19,13 @@ NB_MODULE(_jaxcraft, m) {
     nb::dict cpu, cuda;
     cpu["jaxcraft_norm_fwd"] = capsule(jaxcraft_norm_fwd_cpu);
     cpu["jaxcraft_norm_bwd"] = capsule(jaxcraft_norm_bwd_cpu);
+    cpu["jaxcraft_attention_fwd"] = capsule(jaxcraft_attention_fwd_cpu);
+    cpu["jaxcraft_attention_bwd"] = capsule(jaxcraft_attention_bwd_cpu);
 #ifdef JAXCRAFT_WITH_CUDA
     cuda["jaxcraft_norm_fwd"] = capsule(jaxcraft_norm_fwd_cuda);
     cuda["jaxcraft_norm_bwd"] = capsule(jaxcraft_norm_bwd_cuda);
+    cuda["jaxcraft_attention_fwd"] = capsule(jaxcraft_attention_fwd_cuda);
+    cuda["jaxcraft_attention_bwd"] = capsule(jaxcraft_attention_bwd_cuda);
 #endif
     nb::dict out;
     out["cpu"] = cpu;

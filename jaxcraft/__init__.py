@@ -2,9 +2,10 @@
 
 import importlib
 
+from jaxcraft.ops.attention import dot_product_attention
 from jaxcraft.ops.norm import layer_norm, rms_norm
 
-__all__ = ["layer_norm", "rms_norm", "nn", "nnx"]
+__all__ = ["dot_product_attention", "layer_norm", "rms_norm", "nn", "nnx"]
 __version__ = "0.1.0"
 
 

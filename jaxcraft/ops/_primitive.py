@@ -54,12 +54,15 @@ def _new_primitive(name: str, abstract_eval: Callable) -> Primitive:
 
 
 def kernel_primitive(name: str, *, target: str, abstract_eval: Callable,
-                     reference: Callable, ffi_attrs: Callable[..., dict]) -> Primitive:
+                     reference: Callable, ffi_attrs: Callable[..., dict],
+                     unsupported: Callable[..., str | None] | None = None) -> Primitive:
   """A primitive lowered to FFI `target` where built, else to `reference`.
 
   `reference(*operands, **params)` and `ffi_attrs(**params)` (the attributes
-  the handler reads) both receive the primitive's params, which always include
-  `implementation`.
+  the handler reads) both receive the primitive's params, which include
+  `implementation`, directly or as a field of a `cfg` param. `unsupported(platform, avals_in, **params)` may name a
+  reason the platform's kernel cannot take these inputs: the reference is
+  used instead, or, when that kernel was forced, the reason is raised.
   """
   prim = _new_primitive(name, abstract_eval)
 
@@ -68,15 +71,18 @@ def kernel_primitive(name: str, *, target: str, abstract_eval: Callable,
                           multiple_results=True)(ctx, *args)
 
   def platform_lowering(ctx, *args, platform, **params):
-    implementation = params["implementation"]
+    implementation = (params["cfg"].implementation if "cfg" in params
+                      else params["implementation"])
     if implementation not in (None, platform):
       raise ValueError(
           f"implementation={implementation!r} was requested, but this "
           f"computation is being compiled for {platform}")
-    if _ffi.has_kernels(platform):
+    why = unsupported(platform, ctx.avals_in, **params) if unsupported else None
+    if _ffi.has_kernels(platform) and why is None:
       return jax.ffi.ffi_lowering(target)(ctx, *args, **ffi_attrs(**params))
     if implementation == platform:
-      check_implementation(implementation)  # raises with the reason
+      check_implementation(implementation)  # raises if the kernels are not built
+      raise ValueError(f"implementation={implementation!r}: {why}")
     return reference_lowering(ctx, *args, **params)
 
   mlir.register_lowering(prim, reference_lowering)
@@ -92,17 +98,17 @@ def partitioned_primitive(name: str, *, abstract_eval: Callable,
                           make_partitioned: Callable[..., Callable]) -> Primitive:
   """The user-facing primitive of an op.
 
-  `make_partitioned(ndims, **params)` returns the op's `PartitionedCall`
-  (built by `partitioned_call`) given the operands' ranks; it is called once
-  per (ranks, params).
+  `make_partitioned(shapes, **params)` returns the op's `PartitionedCall`
+  (built by `partitioned_call`) given the operands' shapes; it is called once
+  per (shapes, params).
   """
   prim = _new_primitive(name, abstract_eval)
   batching.primitive_batchers[prim] = batching_rule
   cached = functools.cache(make_partitioned)
 
   def lowering(ctx, *args, **params):
-    ndims = tuple(a.ndim for a in ctx.avals_in)
-    call = cached(ndims, **params)
+    shapes = tuple(tuple(a.shape) for a in ctx.avals_in)
+    call = cached(shapes, **params)
     # One device (eager dispatch, plain jit): nothing to partition.
     # custom_partitioning cannot lower without a device assignment.
     axis_ctx = ctx.module_context.axis_context

@@ -202,8 +202,8 @@ def _flatten_axes(axes):
   return tuple(out)
 
 
-def _make_fwd_partitioned(ndims, *, cfg: _Fwd):
-  ndim = ndims[0]
+def _make_fwd_partitioned(shapes, *, cfg: _Fwd):
+  ndim = len(shapes[0])
   lead = _lead_factors(ndim)
   operands = [f"{lead} c"] + [f"{lead} c"] * cfg.has_residual + ["c"] * (cfg.has_scale + cfg.has_bias)
   results = [f"{lead} c"] * (1 + cfg.has_residual) + [lead] * (1 + (not cfg.rms))
@@ -277,8 +277,8 @@ def _bwd_abstract(dy, *rest, cfg):
   return [dh] + [param] * (cfg.want_dscale + cfg.want_dbias)
 
 
-def _make_bwd_partitioned(ndims, *, cfg: _Bwd):
-  ndim = ndims[0]
+def _make_bwd_partitioned(shapes, *, cfg: _Bwd):
+  ndim = len(shapes[0])
   lead = _lead_factors(ndim)
   operands = ([f"{lead} c"] * 2 + ["c"] * cfg.has_scale + [lead] * (1 + (not cfg.rms))
               + [f"{lead} c"] * cfg.has_dh_extra)
