@@ -1,0 +1,230 @@
+"""dot_product_attention: parity with a float32 reference (computed
+tolerances), gradients, transforms, masks, lengths, bad input."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxcraft
+from numerics import f64, random
+
+DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
+
+
+def _kernel_dtypes(platform):
+  # The CUDA kernel takes 16-bit inputs; float32 there uses the reference.
+  return DTYPES if platform == "cpu" else [jnp.bfloat16, jnp.float16]
+
+
+def _qkv(B, T, S, N, K, H, dtype, seed=0):
+  k = jax.random.split(jax.random.key(seed), 3)
+  return (random(k[0], (B, T, N, H), dtype), random(k[1], (B, S, K, H), dtype),
+          random(k[2], (B, S, K, H), dtype))
+
+
+def _attn(impl, q, k, v, **kw):
+  return jaxcraft.dot_product_attention(q, k, v, implementation=impl, **kw)
+
+
+def _err(a, ref):
+  a = f64(a)
+  assert np.all(np.isfinite(a)), "non-finite values"
+  return float(np.linalg.norm(a - ref))
+
+
+def _assert_parity(out, lowp, ref, name="out"):
+  """Kernel error vs the fp32 reference <= 2x the input-dtype reference's,
+  plus fp32-rounding slack (1e-5 relative; per element where ref is ~0, e.g.
+  dq with a single visible key, where dP - delta cancels)."""
+  ref = f64(ref)
+  err, base = _err(out, ref), _err(lowp, ref)
+  slack = 1e-5 * max(float(np.linalg.norm(ref)), np.sqrt(ref.size))
+  assert err <= 2 * base + slack, f"{name}: error {err:.3g} > 2 x {base:.3g} + {slack:.3g}"
+
+
+def _check(platform, q, k, v, grads=True, **kw):
+  up = lambda a: a.astype(jnp.float32)
+  with jax.default_matmul_precision("highest"):
+    ref = _attn("xla", up(q), up(k), up(v), **kw)
+  _assert_parity(_attn(platform, q, k, v, **kw), _attn("xla", q, k, v, **kw), ref)
+  if not grads:
+    return
+  loss = lambda impl: lambda q, k, v: jnp.sum(jnp.sin(_attn(impl, q, k, v, **kw).astype(jnp.float32)))
+  got = jax.grad(loss(platform), (0, 1, 2))(q, k, v)
+  lowp = jax.grad(loss("xla"), (0, 1, 2))(q, k, v)
+  with jax.default_matmul_precision("highest"):
+    ref = jax.grad(loss("xla"), (0, 1, 2))(up(q), up(k), up(v))
+  for name, g, l, r in zip("qkv", got, lowp, ref):
+    assert g.dtype == q.dtype
+    _assert_parity(g, l, r, name=f"d{name}")
+
+
+SHAPES = [  # B, T, S
+    (1, 1, 1), (2, 7, 64), (1, 128, 129), (2, 129, 7), (1, 64, 1000)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bts", SHAPES)
+@pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
+def test_shapes_and_causal(platform, dtype, bts, causal):
+  if dtype not in _kernel_dtypes(platform):
+    pytest.skip("float32 runs the reference on CUDA")
+  B, T, S = bts
+  q, k, v = _qkv(B, T, S, 8, 2, 64, dtype)
+  kw = dict(is_causal=bool(causal), causal_alignment=causal or "top_left")
+  if causal == "top_left" and T > S:
+    pass  # rows beyond S see all keys: fine
+  _check(platform, q, k, v, **kw)
+
+
+@pytest.mark.parametrize("head_dim", [32, 64, 80, 96, 128, 256])
+@pytest.mark.parametrize("heads", [(4, 4), (8, 2), (8, 1)])
+def test_head_dims_and_gqa(platform, head_dim, heads):
+  q, k, v = _qkv(2, 65, 97, *heads, head_dim, jnp.bfloat16, seed=head_dim)
+  _check(platform, q, k, v, grads=head_dim in (64, 80, 256), is_causal=True)
+
+
+@pytest.mark.parametrize("window", [3, (5, 0), (0, 9), (20, 7)])
+@pytest.mark.parametrize("alignment", ["top_left", "bottom_right"])
+def test_windows(platform, window, alignment):
+  q, k, v = _qkv(2, 100, 130, 4, 2, 64, jnp.bfloat16, seed=1)
+  _check(platform, q, k, v, local_window_size=window, is_causal=alignment == "bottom_right",
+         causal_alignment=alignment)
+
+
+def test_windows_match_jax_nn(platform):
+  q, k, v = _qkv(2, 70, 70, 4, 4, 32, jnp.float16, seed=2)
+  for window in [(4, 2), 6]:
+    out = _attn(platform, q, k, v, local_window_size=window, is_causal=True)
+    ref = jax.nn.dot_product_attention(q, k, v, local_window_size=window, is_causal=True)
+    np.testing.assert_allclose(f64(out), f64(ref), atol=4e-3, rtol=4e-3)
+
+
+def test_lengths_and_fully_masked_rows(platform):
+  q, k, v = _qkv(3, 50, 60, 4, 2, 64, jnp.bfloat16, seed=3)
+  q_len = jnp.array([50, 17, 0], jnp.int32)
+  kv_len = jnp.array([0, 33, 60], jnp.int32)
+  kw = dict(query_seq_lengths=q_len, key_value_seq_lengths=kv_len, is_causal=True)
+  out, lse = _attn(platform, q, k, v, return_residual=True, **kw)
+  # Batch 0 sees no key at all, batch 1 rows >= 17 and batch 2 are padding: zeros.
+  np.testing.assert_array_equal(f64(out[0]), 0.0)
+  np.testing.assert_array_equal(f64(out[1, 17:]), 0.0)
+  np.testing.assert_array_equal(f64(out[2]), 0.0)
+  assert np.all(np.isneginf(f64(lse[0])))
+  g = jax.grad(lambda q, k, v: jnp.sum(_attn(platform, q, k, v, **kw).astype(jnp.float32)),
+               (0, 1, 2))(q, k, v)
+  for a in g:
+    assert np.all(np.isfinite(f64(a)))
+  np.testing.assert_array_equal(f64(g[1][0]), 0.0)
+  _check(platform, q, k, v, **kw)
+
+
+def test_residual_matches_jax_nn(platform):
+  q, k, v = _qkv(2, 33, 40, 4, 2, 64, jnp.float16, seed=4)
+  out, lse = _attn(platform, q, k, v, is_causal=True, return_residual=True)
+  ref_out, ref_lse = jax.nn.dot_product_attention(q, k, v, is_causal=True, return_residual=True)
+  assert lse.shape == ref_lse.shape and lse.dtype == ref_lse.dtype
+  np.testing.assert_allclose(f64(lse), f64(ref_lse), atol=1e-2, rtol=1e-3)
+  np.testing.assert_allclose(f64(out), f64(ref_out), atol=4e-3, rtol=4e-3)
+
+
+def test_unbatched_and_jit(platform):
+  q, k, v = _qkv(1, 20, 24, 4, 4, 32, jnp.bfloat16, seed=5)
+  out = jax.jit(functools.partial(_attn, platform))(q[0], k[0], v[0])
+  assert out.shape == q[0].shape
+  np.testing.assert_array_equal(f64(out), f64(_attn(platform, q, k, v)[0]))
+
+
+def test_transforms(platform):
+  q, k, v = _qkv(2, 33, 47, 4, 2, 64, jnp.bfloat16, seed=6)
+  fn = lambda q, k, v: _attn(platform, q, k, v, is_causal=True)
+  ref = lambda q, k, v: _attn("xla", q, k, v, is_causal=True)
+  tol = dict(atol=2e-2, rtol=2e-2)
+  stack = lambda a: jnp.stack([a, a * 0.5])
+  # vmap: an extra leading batch axis folds into B; over one operand only.
+  np.testing.assert_allclose(f64(jax.vmap(fn)(stack(q), stack(k), stack(v))),
+                             f64(jax.vmap(ref)(stack(q), stack(k), stack(v))), **tol)
+  np.testing.assert_allclose(f64(jax.vmap(fn, (1, None, None), 1)(stack(q), k, v)),
+                             f64(jax.vmap(ref, (1, None, None), 1)(stack(q), k, v)), **tol)
+  loss = lambda f: lambda q, k, v: jnp.sum(jax.vmap(f, (0, None, None))(q, k, v).astype(jnp.float32) ** 2)
+  for a, b in zip(jax.grad(loss(fn), (0, 1, 2))(stack(q), k, v), jax.grad(loss(ref), (0, 1, 2))(stack(q), k, v)):
+    np.testing.assert_allclose(f64(a), f64(b), atol=0.25, rtol=5e-2)
+  ck = jax.checkpoint(lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32) ** 2))
+  for a, b in zip(jax.grad(ck, (0, 1, 2))(q, k, v),
+                  jax.grad(lambda q, k, v: jnp.sum(ref(q, k, v).astype(jnp.float32) ** 2), (0, 1, 2))(q, k, v)):
+    np.testing.assert_allclose(f64(a), f64(b), atol=0.25, rtol=5e-2)
+
+
+def test_kernel_in_hlo_and_memory(platform):
+  q, k, v = _qkv(1, 8, 8, 2, 2, 64, jnp.bfloat16)
+  fn = lambda q, k, v: _attn(None, q, k, v, is_causal=True)
+  assert "jaxcraft_attention_fwd" in jax.jit(fn).lower(q, k, v).as_text()
+  grad = jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32)), (0, 1, 2))
+  assert "jaxcraft_attention_bwd" in jax.jit(grad).lower(q, k, v).as_text()
+  # fwd+bwd at S = 8192 must not hold S x S: compare temporaries to one S^2 f32 matrix.
+  S = 8192
+  big = jax.ShapeDtypeStruct((1, S, 2, 64), jnp.bfloat16)
+  compiled = jax.jit(grad).lower(big, big, big).compile()
+  temp = compiled.memory_analysis().temp_size_in_bytes
+  assert temp < S * S * 4 // 16, f"{temp} bytes of temporaries"
+
+
+def test_deterministic_backward(platform):
+  q, k, v = _qkv(2, 100, 100, 4, 2, 64, jnp.bfloat16, seed=7)
+  loss = lambda q, k, v: jnp.sum(jnp.sin(_attn(platform, q, k, v, deterministic=True).astype(jnp.float32)))
+  g1 = jax.grad(loss, (0, 1, 2))(q, k, v)
+  g2 = jax.grad(loss, (0, 1, 2))(q, k, v)
+  for a, b in zip(g1, g2):
+    np.testing.assert_array_equal(f64(a), f64(b))
+  _check(platform, q, k, v, deterministic=True)
+
+
+def test_unsupported_features_route_to_reference():
+  q, k, v = _qkv(1, 16, 16, 2, 2, 32, jnp.float32)
+  mask = jnp.tril(jnp.ones((16, 16), bool))[None, None]
+  out = jaxcraft.dot_product_attention(q, k, v, mask=mask)
+  np.testing.assert_allclose(out, jax.nn.dot_product_attention(q, k, v, mask=mask), atol=1e-5)
+  for kw in [dict(mask=mask), dict(bias=jnp.zeros((1, 2, 16, 16))), dict(logit_soft_cap=30.0),
+             dict(q_segment_ids=jnp.zeros((1, 16), jnp.int32), kv_segment_ids=jnp.zeros((1, 16), jnp.int32))]:
+    with pytest.raises(ValueError, match="does not support"):
+      jaxcraft.dot_product_attention(q, k, v, implementation="cpu", **kw)
+
+
+def test_bad_input():
+  q, k, v = _qkv(2, 8, 8, 6, 4, 32, jnp.float32)
+  with pytest.raises(ValueError, match="multiple of the key/value heads"):
+    jaxcraft.dot_product_attention(q, k, v)
+  q, k, v = _qkv(2, 8, 8, 4, 2, 32, jnp.float32)
+  with pytest.raises(ValueError, match="head dims differ"):
+    jaxcraft.dot_product_attention(q[..., :16], k, v)
+  with pytest.raises(ValueError, match="value must have key's shape"):
+    jaxcraft.dot_product_attention(q, k, v[:, :4])
+  with pytest.raises(TypeError, match="key and value must have query's dtype"):
+    jaxcraft.dot_product_attention(q, k.astype(jnp.bfloat16), v)
+  with pytest.raises(ValueError, match="implementation must be"):
+    jaxcraft.dot_product_attention(q, k, v, implementation="flash")
+  with pytest.raises(TypeError, match="query_seq_lengths must be int32"):
+    jaxcraft.dot_product_attention(q, k, v, query_seq_lengths=jnp.ones(2, jnp.float32))
+  with pytest.raises(ValueError, match="key_value_seq_lengths must have shape"):
+    jaxcraft.dot_product_attention(q, k, v, key_value_seq_lengths=jnp.ones(3, jnp.int32))
+  with pytest.raises(ValueError, match="causal_alignment"):
+    jaxcraft.dot_product_attention(q, k, v, causal_alignment="middle")
+  with pytest.raises(ValueError, match="local_window_size must be >= 0"):
+    jaxcraft.dot_product_attention(q, k, v, local_window_size=(-2, 1))
+  with pytest.raises(ValueError, match="must all be 4-D"):
+    jaxcraft.dot_product_attention(q[0, 0], k[0, 0], v[0, 0])
+  with pytest.raises(TypeError, match="query must be float32, bfloat16 or float16"):
+    jaxcraft.dot_product_attention(q.astype(jnp.int32), k.astype(jnp.int32), v.astype(jnp.int32))
+
+
+@pytest.mark.gpu
+def test_cuda_rejects_float32_clearly():
+  q, k, v = _qkv(1, 8, 8, 2, 2, 32, jnp.float32)
+  with pytest.raises(ValueError, match="bfloat16 or float16"):
+    jaxcraft.dot_product_attention(q, k, v, implementation="cuda")
+  # implementation=None takes the reference for float32 on the GPU: still correct.
+  np.testing.assert_allclose(jaxcraft.dot_product_attention(q, k, v),
+                             jax.nn.dot_product_attention(q, k, v), atol=2e-3)
