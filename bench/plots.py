@@ -38,6 +38,32 @@ def _norm_plot(rows, meta, path):
   plt.close(fig)
 
 
+def _attention_plot(rows, meta, path):
+  dims = sorted({r["head_dim"] for r in rows})
+  fig, axes = plt.subplots(len(dims), 2, figsize=(12, 3.2 * len(dims)), squeeze=False)
+  for i, d in enumerate(dims):
+    for j, mode in enumerate(("fwd", "fwd+bwd")):
+      ax = axes[i][j]
+      for impl in dict.fromkeys(r["impl"] for r in rows):
+        for causal, style in ((False, "-o"), (True, "--s")):
+          sel = sorted((r for r in rows if r["head_dim"] == d and r["mode"] == mode
+                        and r["impl"] == impl and r["causal"] == causal), key=lambda r: r["seqlen"])
+          if sel:
+            ax.plot([r["seqlen"] for r in sel], [r["tflops"] for r in sel], style,
+                    label=f"{impl}{' causal' if causal else ''}")
+      ax.set_xscale("log", base=2)
+      ax.set_title(f"attention D={d} {mode}")
+      ax.set_xlabel("sequence length")
+      ax.set_ylabel("TFLOP/s")
+      ax.legend(fontsize=7)
+  fig.suptitle(f"{meta['device']} - bf16 - 16k tokens/batch, hidden 2048 - {meta['date']}")
+  fig.tight_layout()
+  fig.savefig(path, dpi=80)
+  plt.close(fig)
+
+
 def write_all(results, out: pathlib.Path):
   if "norm" in results:
     _norm_plot(results["norm"], results["meta"], out / "norm.png")
+  if "attention" in results:
+    _attention_plot(results["attention"], results["meta"], out / "attention.png")

@@ -22,7 +22,27 @@ def norm_cases():
       jax.block_until_ready(vjp(out))
 
 
-CASES = {"norm": norm_cases}
+def attention_cases():
+  keys = jax.random.split(jax.random.key(1), 3)
+  # Partial tiles (T, S not multiples of the tiles), GQA, a padded head dim,
+  # lengths with an empty row, a window; both backward paths.
+  for (B, T, S, N, K, H), kw in [
+      ((2, 77, 130, 4, 2, 64), dict(is_causal=True)),
+      ((1, 33, 65, 2, 1, 80), dict(local_window_size=(9, 3))),
+      ((2, 40, 50, 2, 2, 128), dict(query_seq_lengths=jnp.array([40, 0], jnp.int32),
+                                     key_value_seq_lengths=jnp.array([17, 50], jnp.int32))),
+      ((1, 16, 16, 2, 2, 256), dict(is_causal=True, causal_alignment="bottom_right"))]:
+    q = jax.random.normal(keys[0], (B, T, N, H), jnp.bfloat16)
+    k = jax.random.normal(keys[1], (B, S, K, H), jnp.bfloat16)
+    v = jax.random.normal(keys[2], (B, S, K, H), jnp.bfloat16)
+    for deterministic in (False, True):
+      fn = lambda q, k, v: jaxcraft.dot_product_attention(
+          q, k, v, implementation="cuda", deterministic=deterministic, **kw)
+      out, vjp = jax.vjp(fn, q, k, v)
+      jax.block_until_ready(vjp(out))
+
+
+CASES = {"norm": norm_cases, "attention": attention_cases}
 
 if __name__ == "__main__":
   for name in sys.argv[1].split(","):

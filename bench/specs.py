@@ -31,3 +31,37 @@ NORM_SPECS = [NormSpec(16384, 1024), NormSpec(16384, 4096), NormSpec(16384, 8192
               NormSpec(4096, 32768)]
 # Small versions of the same shapes, for the test suite.
 NORM_TEST_SPECS = [NormSpec(64, 1024), NormSpec(16, 8192), NormSpec(4, 32768)]
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionSpec:
+  """bf16 self-attention, 16k tokens per batch, hidden 2048 (N = 2048 / D)."""
+  head_dim: int
+  seqlen: int
+  causal: bool
+  tokens: int = 16384
+  hidden: int = 2048
+
+  @property
+  def batch(self) -> int:
+    return max(1, self.tokens // self.seqlen)
+
+  @property
+  def heads(self) -> int:
+    return self.hidden // self.head_dim
+
+  @property
+  def name(self) -> str:
+    return f"D{self.head_dim} S{self.seqlen}{' causal' if self.causal else ''}"
+
+  def fwd_flops(self) -> float:
+    """4 B N S^2 D (two matmuls), halved when causal."""
+    flops = 4.0 * self.batch * self.heads * self.seqlen ** 2 * self.head_dim
+    return flops / 2 if self.causal else flops
+
+  def fwd_bwd_flops(self) -> float:
+    return 3.5 * self.fwd_flops()
+
+
+ATTENTION_SPECS = [AttentionSpec(d, s, c) for d in (64, 128, 256) for s in (512, 2048, 8192)
+                   for c in (False, True)]

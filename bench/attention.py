@@ -1,0 +1,63 @@
+"""Attention fwd and fwd+bwd TFLOP/s: jaxcraft vs cuDNN (jax.nn) vs XLA."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+import jaxcraft
+from specs import ATTENTION_SPECS
+from timing import time_step
+
+DTYPE = jnp.bfloat16
+# XLA's attention materializes B x N x S x S logits: skip it past this length.
+XLA_MAX_SEQLEN = 2048
+
+
+def _impls(spec):
+  impls = {
+      "jaxcraft": lambda q, k, v: jaxcraft.dot_product_attention(q, k, v, is_causal=spec.causal),
+      "cudnn": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=spec.causal,
+                                                            implementation="cudnn"),
+  }
+  if spec.seqlen <= XLA_MAX_SEQLEN:
+    impls["xla"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=spec.causal,
+                                                                implementation="xla")
+  return impls
+
+
+def _fwd(fn):
+  return lambda q, k, v: fn(q, k, v)  # output has q's shape: it becomes the next q
+
+
+def _fwd_bwd(fn):
+  def step(q, k, v):
+    out, vjp = jax.vjp(fn, q, k, v)
+    dq, dk, dv = vjp(out)
+    # Use all three gradients (else XLA could drop dk/dv work); tanh keeps the
+    # chain's values bounded.
+    return jnp.tanh(dq + dk + dv)
+  return step
+
+
+def run(bandwidth: float, specs=ATTENTION_SPECS):
+  del bandwidth
+  rows = []
+  for spec in specs:
+    shape = (spec.batch, spec.seqlen, spec.heads, spec.head_dim)
+    keys = jax.random.split(jax.random.key(0), 3)
+    q, k, v = (jax.random.normal(kk, shape, DTYPE) for kk in keys)
+    for name, fn in _impls(spec).items():
+      for mode, make, flops in (("fwd", _fwd, spec.fwd_flops()),
+                                ("fwd+bwd", _fwd_bwd, spec.fwd_bwd_flops())):
+        try:
+          sec = time_step(make(fn), q, k, v, short=1, long=4, reps=3)
+        except Exception as e:  # noqa: BLE001 - a peer that fails is reported, not fatal
+          print(f"  {spec.name} {name} {mode}: failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
+          continue
+        rows.append(dict(op="attention", shape=spec.name, head_dim=spec.head_dim,
+                         seqlen=spec.seqlen, causal=spec.causal, impl=name, mode=mode,
+                         us=sec * 1e6, tflops=flops / sec / 1e12))
+        print(f"  {spec.name:18s} {name:9s} {mode:8s} {sec * 1e3:9.3f} ms "
+              f"{rows[-1]['tflops']:6.0f} TFLOP/s", flush=True)
+  return rows
