@@ -21,8 +21,10 @@ def _gpu_available() -> bool:
 
 # Kernel platforms to test: CPU always (when built); CUDA on a machine with a
 # GPU and a CUDA build. Tests marked `gpu` are skipped elsewhere.
-KERNEL_PLATFORMS = [p for p in ("cpu", "cuda")
-                    if _ffi.has_kernels(p) and (p == "cpu" or _gpu_available())]
+# JAXCRAFT_TEST_PLATFORMS=cuda narrows the run (the GPU script: CI covers cpu).
+_WANTED = os.environ.get("JAXCRAFT_TEST_PLATFORMS", "cpu,cuda").split(",")
+KERNEL_PLATFORMS = [p for p in ("cpu", "cuda") if p in _WANTED
+                    and _ffi.has_kernels(p) and (p == "cpu" or _gpu_available())]
 
 
 def pytest_collection_modifyitems(config, items):
