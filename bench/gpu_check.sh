@@ -2,6 +2,8 @@
 # The one GPU script (run through the device tool): build, GPU tests,
 # compute-sanitizer on small cases, benchmarks. Logs and JSON go to $OUT.
 #   bash bench/gpu_check.sh [ops=norm] [stages=build,test,sanitize,bench]
+# PYTEST_ARGS selects tests (default: all); STAGE_TIMEOUT bounds each stage so
+# one slow stage cannot eat the whole device call.
 set -uo pipefail
 OPS=${1:-norm}
 STAGES=${2:-build,test,sanitize,bench}
@@ -13,7 +15,7 @@ stage() { [[ ",$STAGES," == *",$1,"* ]]; }
 step() {  # step NAME CMD...: run, log to $OUT/NAME.log, remember failure
   echo "=== $1"
   local t0=$SECONDS
-  "${@:2}" > "$OUT/$1.log" 2>&1
+  timeout "${STAGE_TIMEOUT:-480}" "${@:2}" > "$OUT/$1.log" 2>&1
   local rc=$?
   tail -n 40 "$OUT/$1.log"
   echo "=== $1: rc=$rc in $((SECONDS - t0))s"
@@ -28,7 +30,9 @@ if stage build; then
 fi
 if stage test; then
   # CI runs the CPU kernels' tests; here the CUDA ones (and the platform-free tests).
-  JAXCRAFT_TEST_PLATFORMS=cuda step tests python3 -m pytest -q --maxfail=25 -p no:cacheprovider tests
+  # Autotuning the references' matmuls would dominate the suite's compile time.
+  XLA_FLAGS=--xla_gpu_autotune_level=0 JAXCRAFT_TEST_PLATFORMS=cuda \
+    step tests python3 -m pytest -q -rf --maxfail=25 -p no:cacheprovider ${PYTEST_ARGS:-tests}
 fi
 if stage sanitize; then
   for tool in memcheck racecheck synccheck; do
