@@ -32,7 +32,7 @@ if stage test; then
   # CI runs the CPU kernels' tests; here the CUDA ones (and the platform-free tests).
   # Autotuning the references' matmuls would dominate the suite's compile time.
   XLA_FLAGS=--xla_gpu_autotune_level=0 JAXCRAFT_TEST_PLATFORMS=cuda \
-    step tests python3 -m pytest -q -rf --maxfail=25 -p no:cacheprovider ${PYTEST_ARGS:-tests}
+    step tests python3 -m pytest -v -rf --maxfail=25 -p no:cacheprovider ${PYTEST_ARGS:-tests}
 fi
 if stage sanitize; then
   for tool in memcheck racecheck synccheck; do
