@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 
 import jaxcraft
-from specs import ATTENTION_SPECS
+from specs import ATTENTION_SPECS, AttentionSpec
 from timing import time_step
 
 DTYPE = jnp.bfloat16
 # XLA's attention materializes B x N x S x S logits: skip it past this length.
 XLA_MAX_SEQLEN = 2048
+# JAXCRAFT_BENCH_QUICK=1: the headline rows only (short device leases).
+QUICK_SPECS = [AttentionSpec(128, 2048, False), AttentionSpec(128, 2048, True),
+               AttentionSpec(64, 2048, False)]
 
 
 def _impls(spec):
@@ -40,8 +45,9 @@ def _fwd_bwd(fn):
   return step
 
 
-def run(bandwidth: float, specs=ATTENTION_SPECS):
+def run(bandwidth: float, specs=None):
   del bandwidth
+  specs = specs or (QUICK_SPECS if os.environ.get("JAXCRAFT_BENCH_QUICK") else ATTENTION_SPECS)
   rows = []
   for spec in specs:
     shape = (spec.batch, spec.seqlen, spec.heads, spec.head_dim)
@@ -51,7 +57,7 @@ def run(bandwidth: float, specs=ATTENTION_SPECS):
       for mode, make, flops in (("fwd", _fwd, spec.fwd_flops()),
                                 ("fwd+bwd", _fwd_bwd, spec.fwd_bwd_flops())):
         try:
-          sec = time_step(make(fn), q, k, v, short=1, long=4, reps=3)
+          sec = time_step(make(fn), q, k, v, custom_call=name != "xla", short=1, long=4, reps=3)
         except Exception as e:  # noqa: BLE001 - a peer that fails is reported, not fatal
           print(f"  {spec.name} {name} {mode}: failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
           continue

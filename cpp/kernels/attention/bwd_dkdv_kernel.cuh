@@ -1,0 +1,374 @@
+// FlashAttention-2 backward, key-tile major: one CTA per (key tile, KV head,
+// batch) accumulates dK and dV in registers over every query tile of every
+// query head of its GQA group (so no atomics and no per-head dK/dV buffer).
+// Per query tile, with P^T = exp(scale * K.Q^T - lse) recomputed:
+//   A: S^T = K.Q^T and dP^T = V.dO^T; P^T and dS^T = P^T * (dP^T - delta)
+//      go to shared memory as 16-bit tiles.
+//   B: dV += P^T.dO, dK += dS^T.Q (scale applied once in the epilogue).
+//   C: (fast path) dQ += dS.K, added to fp32 dq_accum with atomics.
+// The three phases partition the warps differently, which is why P^T and
+// dS^T go through shared memory rather than staying in registers.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "kernels/attention/kernel_args.h"
+#include "kernels/attention/mask.cuh"
+#include "kernels/attention/mma_sm80.cuh"
+#include "kernels/attention/smem_tile.cuh"
+#include "kernels/attention/softmax.cuh"
+#include "kernels/attention/tile_config.h"
+
+namespace jaxcraft {
+namespace attn {
+
+// Tile sizes default to tile_config.h; the explicit form exists for tuning.
+template <int kHeadDim_, int kWarps_ = attn_tiles(kHeadDim_).dkdv_warps,
+          int kBlockM_ = attn_tiles(kHeadDim_).dkdv_block_m,
+          int kBlockN_ = attn_tiles(kHeadDim_).dkdv_block_n,
+          int kStages_ = attn_tiles(kHeadDim_).dkdv_q_stages>
+struct DkdvShape {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kThreads = kWarps * kWarpSize;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kStages = kStages_;
+  static constexpr int kStride = padded_stride<kHeadDim>();
+  static constexpr int kPStride = padded_stride<kBlockM>();
+  // Phase A/B: warps = key slabs x parts (query columns in A, head columns in B).
+  static constexpr int kKeySlabs = kBlockN / kMmaM;
+  static constexpr int kParts = kWarps / kKeySlabs;
+  static constexpr int kQCols = kBlockM / kParts;
+  static constexpr int kHCols = kHeadDim / kParts;
+  // Phase C: warps = query slabs x head-column parts.
+  static constexpr int kQSlabs = kBlockM / kMmaM;
+  static constexpr int kCParts = kWarps / kQSlabs;
+  static constexpr int kCCols = kHeadDim / kCParts;
+
+  // Phase A computes S^T and dP^T in one pass over the head dim (two
+  // independent MMA chains per operand load step) unless the dK/dV
+  // accumulators are so large that both fp32 score tiles would not fit next
+  // to them; then S^T is finished and packed to 16-bit P^T first.
+  static constexpr int kAccRegs = 2 * (kHCols / kMmaN) * 4;
+  static constexpr int kSplitAccRegs = 128;
+  static constexpr bool kSplitScores = kAccRegs >= kSplitAccRegs;
+
+  static constexpr int kKVBytes = tile_bytes<kBlockN, kHeadDim>();
+  static constexpr int kQBytes = tile_bytes<kBlockM, kHeadDim>();
+  static constexpr int kPBytes = tile_bytes<kBlockN, kBlockM>();
+  static constexpr int kRowStatBytes = kBlockM * 4;
+  // Per stage: Q, dO, lse * log2(e), delta.
+  static constexpr int kStageBytes = 2 * kQBytes + 2 * kRowStatBytes;
+  static constexpr int kSmemBytes = 2 * kKVBytes + kStages * kStageBytes + 2 * kPBytes;
+  // Two CTAs per SM when the per-thread state (dK/dV, the two fp32 score
+  // tiles of phase A, operands and addressing) fits each CTA's half of the
+  // register file: left free, the compiler takes ~160 registers for the
+  // small tiles and halves the warps that hide the ldmatrix/MMA latency.
+  static constexpr int kScoreRegs = 2 * (kQCols / kMmaN) * 4;
+  static constexpr int kOverheadRegs = 48;
+  static constexpr bool kTwoCtasFit =
+      kAccRegs + kScoreRegs + kOverheadRegs <= kRegsPerSm / (2 * kThreads) &&
+      2 * (kSmemBytes + kSmemReservedPerCta) <= kSmemPerSmSm80;
+  static constexpr int kMinBlocksPerSm = kTwoCtasFit ? 2 : 1;
+
+  static_assert(kWarps % kKeySlabs == 0 && kWarps % kQSlabs == 0, "warp grid");
+  static_assert(kQCols % (2 * kMmaN) == 0 && kHCols % (2 * kMmaN) == 0 &&
+                    kCCols % (2 * kMmaN) == 0,
+                "every warp's column range is a whole number of n-tile pairs");
+  static_assert(kStages == 1 || kStages == 2, "Q/dO single or double buffered");
+};
+
+// Adds two adjacent fp32 values (8-byte aligned: c is even, rows have an
+// even number of columns). sm_90 has a 64-bit vector reduction, which halves
+// the atomic traffic that bounds the fast dQ path.
+__device__ __forceinline__ void add_pair(float* p, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(p), make_float2(x, y));
+#else
+  atomicAdd(p, x);
+  atomicAdd(p + 1, y);
+#endif
+}
+
+template <DType kDt, class Sh>
+__global__ void __launch_bounds__(Sh::kThreads, Sh::kMinBlocksPerSm)
+    attn_bwd_dkdv_kernel(const BwdArgs a) {
+  constexpr int kHeadDim = Sh::kHeadDim;
+  using Elem = typename ElemOf<kDt>::type;
+  constexpr int kBM = Sh::kBlockM, kBN = Sh::kBlockN, kThreads = Sh::kThreads;
+  constexpr int kStride = Sh::kStride, kPStride = Sh::kPStride;
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  Elem* k_tile = reinterpret_cast<Elem*>(smem);
+  Elem* v_tile = reinterpret_cast<Elem*>(smem + Sh::kKVBytes);
+  unsigned char* stage_base = smem + 2 * Sh::kKVBytes;
+  Elem* p_tile = reinterpret_cast<Elem*>(stage_base + Sh::kStages * Sh::kStageBytes);
+  Elem* ds_tile = reinterpret_cast<Elem*>(stage_base + Sh::kStages * Sh::kStageBytes + Sh::kPBytes);
+  const uint32_t k_sa = smem_u32(k_tile), v_sa = smem_u32(v_tile);
+  const uint32_t p_sa = smem_u32(p_tile), ds_sa = smem_u32(ds_tile);
+
+  const ShapeArgs& sh = a.shape;
+  const int n_block = blockIdx.x, kv_head = blockIdx.y, b = blockIdx.z;
+  const int group = sh.num_heads / sh.num_kv_heads;
+  const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
+  const int g = lane / 4, t = lane % 4;
+  const SeqLens lens = seq_lens(a.mask, sh, b);
+  const int n0 = n_block * kBN;
+  const int keys_out = min(kBN, sh.seqlen_k - n0);
+  const int keys_valid = min(kBN, lens.kv_len - n0);
+
+  const int64_t q_row_stride = int64_t(sh.num_heads) * sh.head_dim;
+  const int64_t kv_row_stride = int64_t(sh.num_kv_heads) * sh.head_dim;
+  const int64_t kv_off =
+      ((int64_t(b) * sh.seqlen_k + n0) * sh.num_kv_heads + kv_head) * sh.head_dim;
+
+  int q_lo = 0, q_hi = 0;
+  if (keys_valid > 0) query_range(a.mask, n0, n0 + keys_valid - 1, lens.q_len, &q_lo, &q_hi);
+  const int qt_begin = max(q_lo, 0) / kBM;
+  const int q_tiles = q_hi > q_lo ? (q_hi + kBM - 1) / kBM - qt_begin : 0;
+  const int total = group * q_tiles;
+
+  auto stage_ptr = [&](int stage) { return stage_base + stage * Sh::kStageBytes; };
+  // Iteration `it` covers query head kv_head * group + it / q_tiles.
+  auto tile_head = [&](int it) { return kv_head * group + it / q_tiles; };
+  auto tile_m0 = [&](int it) { return (qt_begin + it % q_tiles) * kBM; };
+  auto load_q_stage = [&](int it, int stage) {
+    const int head = tile_head(it), m0 = tile_m0(it);
+    const int64_t q_off = ((int64_t(b) * sh.seqlen_q + m0) * sh.num_heads + head) * sh.head_dim;
+    const int rows = lens.q_len - m0;
+    unsigned char* st = stage_ptr(stage);
+    load_tile_async<kBM, kHeadDim, kThreads>(smem_u32(st), static_cast<const Elem*>(a.q) + q_off,
+                                             q_row_stride, rows, sh.head_dim, a.q, tid);
+    load_tile_async<kBM, kHeadDim, kThreads>(smem_u32(st + Sh::kQBytes),
+                                             static_cast<const Elem*>(a.d_o) + q_off,
+                                             q_row_stride, rows, sh.head_dim, a.d_o, tid);
+    float* lse2 = reinterpret_cast<float*>(st + 2 * Sh::kQBytes);
+    float* dlt = lse2 + kBM;
+    const int64_t row_off = (int64_t(b) * sh.num_heads + head) * sh.seqlen_q + m0;
+    for (int i = tid; i < kBM; i += kThreads) {
+      const bool ok = i < rows;
+      const float l = ok ? a.lse[row_off + i] : -INFINITY;
+      // Rows that saw no key (lse = -inf) must get P = 0: exp2(x - inf) = 0.
+      lse2[i] = l == -INFINITY ? INFINITY : l * kLog2e;
+      dlt[i] = ok ? a.delta[row_off + i] : 0.f;
+    }
+  };
+
+  load_tile_async<kBN, kHeadDim, kThreads>(k_sa, static_cast<const Elem*>(a.k) + kv_off,
+                                           kv_row_stride, keys_valid, sh.head_dim, a.k, tid);
+  load_tile_async<kBN, kHeadDim, kThreads>(v_sa, static_cast<const Elem*>(a.v) + kv_off,
+                                           kv_row_stride, keys_valid, sh.head_dim, a.v, tid);
+  if (total > 0) load_q_stage(0, 0);
+  cp_async_commit();
+
+  // Phase A/B warp coordinates: 16 keys each.
+  const int key_r0 = (warp % Sh::kKeySlabs) * kMmaM;
+  const int part = warp / Sh::kKeySlabs;
+  constexpr int kBTiles = Sh::kHCols / kMmaN;
+  float dk[kBTiles][4], dv[kBTiles][4];
+#pragma unroll
+  for (int j = 0; j < kBTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.f;
+  const float scale_log2 = a.scale * kLog2e;
+
+  for (int it = 0; it < total; ++it) {
+    int stage = 0;
+    if constexpr (Sh::kStages == 2) {
+      stage = it % 2;
+      if (it + 1 < total) load_q_stage(it + 1, (it + 1) % 2);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      if (it > 0) {
+        load_q_stage(it, 0);
+        cp_async_commit();
+      }
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int head = tile_head(it), m0 = tile_m0(it);
+    unsigned char* st = stage_ptr(stage);
+    const uint32_t q_sa = smem_u32(st), do_sa = q_sa + Sh::kQBytes;
+    const float* lse2 = reinterpret_cast<const float*>(st + 2 * Sh::kQBytes);
+    const float* dlt = lse2 + kBM;
+
+    // Phase A: this warp's 16 keys x kQCols query columns. dS^T uses the
+    // 16-bit P^T, the same values phase B multiplies.
+    {
+      constexpr int kATiles = Sh::kQCols / kMmaN;
+      const int qc0 = part * Sh::kQCols;
+      float s[kATiles][4], dp[kATiles][4];
+#pragma unroll
+      for (int j = 0; j < kATiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.f;
+      // dP^T += V.dO^T over the whole head dim (or, fused, one k-step).
+      auto dp_step = [&](int ks) {
+        uint32_t va[4];
+        load_a(va, v_sa, kStride, key_r0, ks * kMmaK, lane);
+#pragma unroll
+        for (int np = 0; np < kATiles / 2; ++np) {
+          uint32_t ob[4];
+          load_b_nk(ob, do_sa, kStride, qc0 + np * 2 * kMmaN, ks * kMmaK, lane);
+          mma_16816<kDt>(dp[2 * np], va, ob[0], ob[1]);
+          mma_16816<kDt>(dp[2 * np + 1], va, ob[2], ob[3]);
+        }
+      };
+#pragma unroll
+      for (int ks = 0; ks < kHeadDim / kMmaK; ++ks) {
+        uint32_t ka[4];
+        load_a(ka, k_sa, kStride, key_r0, ks * kMmaK, lane);
+#pragma unroll
+        for (int np = 0; np < kATiles / 2; ++np) {
+          uint32_t qb[4];
+          load_b_nk(qb, q_sa, kStride, qc0 + np * 2 * kMmaN, ks * kMmaK, lane);
+          mma_16816<kDt>(s[2 * np], ka, qb[0], qb[1]);
+          mma_16816<kDt>(s[2 * np + 1], ka, qb[2], qb[3]);
+        }
+        if constexpr (!Sh::kSplitScores) dp_step(ks);
+      }
+      const bool partial =
+          tile_is_partial(a.mask, m0, m0 + kBM - 1, n0, n0 + kBN - 1, lens.kv_len);
+      // Each of the thread's two keys is seen by one interval of query rows
+      // (tile-local here), so masking is two compares per score.
+      int q_lo[2] = {0, 0}, q_hi[2] = {kBM, kBM};
+      if (partial) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int key = n0 + key_r0 + g + 8 * h;
+          query_range(a.mask, key, key, lens.q_len, &q_lo[h], &q_hi[h]);
+          if (key >= lens.kv_len) q_hi[h] = q_lo[h];
+          q_lo[h] -= m0;
+          q_hi[h] -= m0;
+        }
+      }
+      uint32_t p_pk[kATiles][2];
+      // dS^T = P^T * (dP^T - delta) for key tile j, from the 16-bit P^T.
+      auto store_ds = [&](int j) {
+        const int qc = qc0 + j * kMmaN + 2 * t;
+        const float d0 = dlt[qc], d1 = dlt[qc + 1];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float2 p = unpack2<kDt>(p_pk[j][h]);
+          *reinterpret_cast<uint32_t*>(ds_tile + (key_r0 + g + 8 * h) * kPStride + qc) =
+              pack2<kDt>(p.x * (dp[j][2 * h] - d0), p.y * (dp[j][2 * h + 1] - d1));
+        }
+      };
+#pragma unroll
+      for (int j = 0; j < kATiles; ++j) {
+        const int qc = qc0 + j * kMmaN + 2 * t;
+        float p[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int q_local = qc + (e % 2);
+          float x = s[j][e] * scale_log2;
+          if (q_local < q_lo[e / 2] || q_local >= q_hi[e / 2]) x = -INFINITY;
+          p[e] = fast_exp2(x - lse2[q_local]);
+        }
+        p_pk[j][0] = pack2<kDt>(p[0], p[1]);
+        p_pk[j][1] = pack2<kDt>(p[2], p[3]);
+        *reinterpret_cast<uint32_t*>(p_tile + (key_r0 + g) * kPStride + qc) = p_pk[j][0];
+        *reinterpret_cast<uint32_t*>(p_tile + (key_r0 + g + 8) * kPStride + qc) = p_pk[j][1];
+        if constexpr (!Sh::kSplitScores) store_ds(j);
+      }
+      if constexpr (Sh::kSplitScores) {
+#pragma unroll
+        for (int ks = 0; ks < kHeadDim / kMmaK; ++ks) dp_step(ks);
+#pragma unroll
+        for (int j = 0; j < kATiles; ++j) store_ds(j);
+      }
+    }
+    __syncthreads();
+
+    // Phase B: this warp's 16 keys x kHCols head columns of dV and dK.
+    {
+      const int hc0 = part * Sh::kHCols;
+#pragma unroll
+      for (int qk = 0; qk < kBM / kMmaK; ++qk) {
+        uint32_t pa[4], dsa[4];
+        load_a(pa, p_sa, kPStride, key_r0, qk * kMmaK, lane);
+        load_a(dsa, ds_sa, kPStride, key_r0, qk * kMmaK, lane);
+#pragma unroll
+        for (int np = 0; np < kBTiles / 2; ++np) {
+          uint32_t ob[4], qb[4];
+          load_b_kn(ob, do_sa, kStride, hc0 + np * 2 * kMmaN, qk * kMmaK, lane);
+          load_b_kn(qb, q_sa, kStride, hc0 + np * 2 * kMmaN, qk * kMmaK, lane);
+          mma_16816<kDt>(dv[2 * np], pa, ob[0], ob[1]);
+          mma_16816<kDt>(dv[2 * np + 1], pa, ob[2], ob[3]);
+          mma_16816<kDt>(dk[2 * np], dsa, qb[0], qb[1]);
+          mma_16816<kDt>(dk[2 * np + 1], dsa, qb[2], qb[3]);
+        }
+      }
+    }
+
+    // Phase C: 16 query rows x kCCols head columns of dQ (unscaled).
+    if (a.dq_accum != nullptr) {
+      constexpr int kCTiles = Sh::kCCols / kMmaN;
+      const int qr0 = (warp % Sh::kQSlabs) * kMmaM;
+      const int hc0 = (warp / Sh::kQSlabs) * Sh::kCCols;
+      float dq[kCTiles][4];
+#pragma unroll
+      for (int j = 0; j < kCTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dq[j][e] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < kBN / kMmaK; ++kk) {
+        uint32_t dsa[4];
+        load_a_trans(dsa, ds_sa, kPStride, qr0, kk * kMmaK, lane);
+#pragma unroll
+        for (int np = 0; np < kCTiles / 2; ++np) {
+          uint32_t kb[4];
+          load_b_kn(kb, k_sa, kStride, hc0 + np * 2 * kMmaN, kk * kMmaK, lane);
+          mma_16816<kDt>(dq[2 * np], dsa, kb[0], kb[1]);
+          mma_16816<kDt>(dq[2 * np + 1], dsa, kb[2], kb[3]);
+        }
+      }
+      float* dqa = a.dq_accum + ((int64_t(b) * sh.seqlen_q + m0) * sh.num_heads + head) * sh.head_dim;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = qr0 + g + 8 * h;
+        if (m0 + r < lens.q_len) {
+#pragma unroll
+          for (int j = 0; j < kCTiles; ++j) {
+            const int c = hc0 + j * kMmaN + 2 * t;
+            if (c < sh.head_dim) add_pair(dqa + r * q_row_stride + c, dq[j][2 * h], dq[j][2 * h + 1]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // stage and P/dS tiles are free for the next iteration
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // K and V are dead: stage dK and dV through their tiles for 16-byte stores.
+  const int hc0 = part * Sh::kHCols;
+  store_acc_slab<kDt>(k_tile, kStride, key_r0, hc0, dk, a.scale, lane);
+  store_acc_slab<kDt>(v_tile, kStride, key_r0, hc0, dv, 1.f, lane);
+  __syncthreads();
+  store_tile<kBN, kHeadDim, kThreads>(static_cast<Elem*>(a.dk) + kv_off, kv_row_stride, k_tile,
+                                      keys_out, keys_valid, sh.head_dim, tid);
+  store_tile<kBN, kHeadDim, kThreads>(static_cast<Elem*>(a.dv) + kv_off, kv_row_stride, v_tile,
+                                      keys_out, keys_valid, sh.head_dim, tid);
+}
+
+template <DType kDt, class Sh>
+cudaError_t launch_dkdv_shape(const BwdArgs& a, cudaStream_t stream) {
+  auto* kernel = attn_bwd_dkdv_kernel<kDt, Sh>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         Sh::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const dim3 grid((a.shape.seqlen_k + Sh::kBlockN - 1) / Sh::kBlockN, a.shape.num_kv_heads,
+                  a.shape.batch);
+  kernel<<<grid, Sh::kThreads, Sh::kSmemBytes, stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <DType kDt, int kHeadDim>
+cudaError_t run_bwd_dkdv(const BwdArgs& a, cudaStream_t stream) {
+  return launch_dkdv_shape<kDt, DkdvShape<kHeadDim>>(a, stream);
+}
+
+}  // namespace attn
+}  // namespace jaxcraft

@@ -1,0 +1,59 @@
+// Host-side validation of the attention contract and its conversion to the
+// 32-bit kernel arguments. Shared by launch_fwd.cu and launch_bwd.cu.
+#pragma once
+#include <cstdint>
+#include <cstdio>
+
+#include "kernels/attention/kernel_args.h"
+#include "kernels/attention/params.h"
+#include "kernels/attention/tile_config.h"
+
+namespace jaxcraft {
+namespace attn {
+
+// Sequence lengths and |offset| up to 2^28 and windows below 2^29 keep every
+// index sum in mask.cuh inside int32; a window of 2^29 or more reaches past
+// every key anyway and becomes unbounded.
+constexpr int64_t kMaxSeqLen = int64_t(1) << 28;
+constexpr int64_t kMaxWindow = int64_t(1) << 29;
+// Heads and batch index gridDim.y / gridDim.z.
+constexpr int64_t kMaxGridYZ = 65535;
+
+inline const char* shape_unsupported(const AttentionShape& s, DType dtype) {
+  thread_local char why[128];
+  if (dtype == DType::kF32) return "float32 inputs (the CUDA kernels take bfloat16 or float16)";
+  if (dtype != DType::kBF16 && dtype != DType::kF16) return "unknown dtype";
+  if (s.batch < 0 || s.seqlen_q < 0 || s.seqlen_k < 0 || s.num_heads < 0 || s.num_kv_heads < 0)
+    return "negative dimension";
+  if (s.head_dim <= 0 || s.head_dim > kMaxHeadDim) {
+    std::snprintf(why, sizeof why, "head_dim %lld not in [1, %d]",
+                  static_cast<long long>(s.head_dim), kMaxHeadDim);
+    return why;
+  }
+  if (s.head_dim % 8 != 0) {
+    std::snprintf(why, sizeof why, "head_dim %lld is not a multiple of 8",
+                  static_cast<long long>(s.head_dim));
+    return why;
+  }
+  if (s.num_kv_heads == 0 ? s.num_heads != 0 : s.num_heads % s.num_kv_heads != 0)
+    return "num_heads is not a multiple of num_kv_heads";
+  if (s.seqlen_q > kMaxSeqLen || s.seqlen_k > kMaxSeqLen) return "sequence longer than 2^28";
+  if (s.batch > kMaxGridYZ || s.num_heads > kMaxGridYZ) return "batch or num_heads above 65535";
+  return nullptr;
+}
+
+inline bool to_kernel_args(const AttentionShape& s, const AttentionMask& m, ShapeArgs* sa,
+                           MaskArgs* ma) {
+  if (m.offset > kMaxSeqLen || m.offset < -kMaxSeqLen) return false;
+  auto window = [](int64_t w) { return w < 0 || w >= kMaxWindow ? -1 : static_cast<int>(w); };
+  *sa = ShapeArgs{static_cast<int>(s.batch),     static_cast<int>(s.seqlen_q),
+                  static_cast<int>(s.seqlen_k),  static_cast<int>(s.num_heads),
+                  static_cast<int>(s.num_kv_heads), static_cast<int>(s.head_dim)};
+  *ma = MaskArgs{m.causal ? 1 : 0,         static_cast<int>(m.offset),
+                 window(m.window_left),    window(m.window_right),
+                 m.q_lengths,              m.kv_lengths};
+  return true;
+}
+
+}  // namespace attn
+}  // namespace jaxcraft

@@ -1,0 +1,60 @@
+// Which (query row, key) pairs are visible, at element and tile granularity.
+// Launchers bound every size and offset by 2^28 and windows by 2^29, so the
+// sums below stay inside int32.
+#pragma once
+#include "kernels/attention/kernel_args.h"
+
+namespace jaxcraft {
+namespace attn {
+
+struct SeqLens {
+  int q_len;
+  int kv_len;
+};
+
+__device__ __forceinline__ SeqLens seq_lens(const MaskArgs& m, const ShapeArgs& s, int b) {
+  SeqLens r{s.seqlen_q, s.seqlen_k};
+  if (m.q_lengths) r.q_len = min(max(m.q_lengths[b], 0), s.seqlen_q);
+  if (m.kv_lengths) r.kv_len = min(max(m.kv_lengths[b], 0), s.seqlen_k);
+  return r;
+}
+
+__device__ __forceinline__ bool key_visible(const MaskArgs& m, int i, int j, int kv_len) {
+  const int d = i + m.offset;
+  return j < kv_len && !(m.causal && j > d) && !(m.window_left >= 0 && j < d - m.window_left) &&
+         !(m.window_right >= 0 && j > d + m.window_right);
+}
+
+// Keys [*lo, *hi) that some row in [r0, r1] may see.
+__device__ __forceinline__ void key_range(const MaskArgs& m, int r0, int r1, int kv_len, int* lo,
+                                          int* hi) {
+  int h = kv_len, l = 0;
+  if (m.causal) h = min(h, r1 + m.offset + 1);
+  if (m.window_right >= 0) h = min(h, r1 + m.offset + m.window_right + 1);
+  if (m.window_left >= 0) l = max(l, r0 + m.offset - m.window_left);
+  *lo = l;
+  *hi = h;
+}
+
+// Query rows [*lo, *hi) that may see some key in [c0, c1].
+__device__ __forceinline__ void query_range(const MaskArgs& m, int c0, int c1, int q_len, int* lo,
+                                            int* hi) {
+  int l = 0, h = q_len;
+  if (m.causal) l = max(l, c0 - m.offset);
+  if (m.window_right >= 0) l = max(l, c0 - m.offset - m.window_right);
+  if (m.window_left >= 0) h = min(h, c1 - m.offset + m.window_left + 1);
+  *lo = l;
+  *hi = h;
+}
+
+// True when some pair in rows [r0, r1] x keys [c0, c1] is hidden, so the
+// tile needs per-element masking; interior tiles skip it.
+__device__ __forceinline__ bool tile_is_partial(const MaskArgs& m, int r0, int r1, int c0, int c1,
+                                                int kv_len) {
+  return c1 >= kv_len || (m.causal && c1 > r0 + m.offset) ||
+         (m.window_right >= 0 && c1 > r0 + m.offset + m.window_right) ||
+         (m.window_left >= 0 && c0 < r1 + m.offset - m.window_left);
+}
+
+}  // namespace attn
+}  // namespace jaxcraft

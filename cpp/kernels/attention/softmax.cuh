@@ -1,0 +1,96 @@
+// Online softmax over C-layout score fragments, in base 2: the softmax scale
+// carries a factor log2(e), so every exponential is one ex2.
+#pragma once
+#include <cmath>
+
+#include "kernels/attention/mma_sm80.cuh"
+
+namespace jaxcraft {
+namespace attn {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// ex2.approx: 2 ulp, one MUFU op; exp2(-inf) = +0, which is what masking needs.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The running max only moves (and O is only rescaled) once some row's max
+// has grown by more than this many powers of two: until then probabilities
+// are taken against the stale max, so they can reach 2^8, which 16-bit P,
+// fp32 row sums and the fp32 O accumulator all hold without loss. The result
+// is the same softmax (the epilogue divides by a sum taken against the same
+// max), and on typical inputs every tile after the first few skips the
+// rescale, one FMUL per O element per tile.
+constexpr float kRescaleLog2Threshold = 8.f;
+
+// kSlabs 16-row slabs: s[m][j] holds slab m's raw scores (masked ones -inf)
+// for key tile j; rows g and g + 8 of the fragment are h = 0 and 1. Scores
+// are scaled inside the exponent, exp2(s * scale_log2 - max), one FFMA per
+// score; scale_log2 must be > 0 (the caller pre-scales otherwise), so the
+// raw row max is also the scaled one. Replaces s with unnormalized
+// probabilities and adds them to row_sum. row_max is kept scaled; row_sum
+// stays a per-lane partial (reduced once in the epilogue).
+template <int kSlabs, int kKeyTiles, int kAccTiles>
+__device__ __forceinline__ void online_softmax(float (&s)[kSlabs][kKeyTiles][4],
+                                               float (&acc)[kSlabs][kAccTiles][4],
+                                               float (&row_max)[kSlabs][2],
+                                               float (&row_sum)[kSlabs][2], float scale_log2) {
+  float tile_max[kSlabs][2];
+  bool grew = false;
+#pragma unroll
+  for (int m = 0; m < kSlabs; ++m) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kKeyTiles; ++j) mx = fmaxf(mx, fmaxf(s[m][j][2 * h], s[m][j][2 * h + 1]));
+      tile_max[m][h] = quad_max(mx) * scale_log2;
+      // -inf + threshold stays -inf: a row's first visible key always moves it.
+      grew |= tile_max[m][h] > row_max[m][h] + kRescaleLog2Threshold;
+    }
+  }
+  // Warp-uniform decision, so the rescale below is a non-divergent branch.
+  if (__any_sync(0xffffffffu, grew)) {
+#pragma unroll
+    for (int m = 0; m < kSlabs; ++m) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float mx = fmaxf(tile_max[m][h], row_max[m][h]);
+        // A row that has seen only masked keys keeps max -inf; exp2(-inf -
+        // -inf) would be NaN, and its factor is irrelevant (sum and O are 0).
+        const float corr = mx == -INFINITY ? 1.f : fast_exp2(row_max[m][h] - mx);
+        row_max[m][h] = mx;
+        row_sum[m][h] *= corr;
+#pragma unroll
+        for (int j = 0; j < kAccTiles; ++j) {
+          acc[m][j][2 * h] *= corr;
+          acc[m][j][2 * h + 1] *= corr;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < kSlabs; ++m) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      // Still -inf only if every key so far was masked; then so are these
+      // scores, and subtracting 0 keeps exp2(-inf) = 0 rather than NaN.
+      const float base = row_max[m][h] == -INFINITY ? 0.f : row_max[m][h];
+      float sum = row_sum[m][h];
+#pragma unroll
+      for (int j = 0; j < kKeyTiles; ++j) {
+        s[m][j][2 * h] = fast_exp2(fmaf(s[m][j][2 * h], scale_log2, -base));
+        s[m][j][2 * h + 1] = fast_exp2(fmaf(s[m][j][2 * h + 1], scale_log2, -base));
+        sum += s[m][j][2 * h] + s[m][j][2 * h + 1];
+      }
+      row_sum[m][h] = sum;
+    }
+  }
+}
+
+}  // namespace attn
+}  // namespace jaxcraft
