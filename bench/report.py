@@ -1,0 +1,50 @@
+"""Markdown tables from bench results.json files: `python bench/report.py FILE...`."""
+
+from __future__ import annotations
+
+import collections
+import json
+import sys
+
+
+def norm_table(rows):
+  by = collections.defaultdict(dict)
+  for r in rows:
+    by[(r["op"], r["shape"])][(r["impl"], r["mode"])] = r
+  out = ["| op | T x C | jaxcraft fwd GB/s (% copy) | XLA fwd | jaxcraft fwd+bwd | XLA fwd+bwd |",
+         "|---|---|---|---|---|---|"]
+  for (op, shape), cells in by.items():
+    cell = lambda impl, mode: (f"{cells[(impl, mode)]['gbps']:.0f} ({cells[(impl, mode)]['pct_copy']:.0f}%)"
+                               if (impl, mode) in cells else "-")
+    out.append(f"| {op} | {shape} | {cell('jaxcraft', 'fwd')} | {cell('xla', 'fwd')} | "
+               f"{cell('jaxcraft', 'fwd+bwd')} | {cell('xla', 'fwd+bwd')} |")
+  return "\n".join(out)
+
+
+def attention_table(rows):
+  by = collections.defaultdict(dict)
+  for r in rows:
+    by[r["shape"]][(r["impl"], r["mode"])] = r["tflops"]
+  out = ["| D, S | jaxcraft fwd / fwd+bwd | cuDNN fwd / fwd+bwd | XLA fwd / fwd+bwd |",
+         "|---|---|---|---|"]
+  for shape, cells in by.items():
+    cell = lambda impl: " / ".join(f"{cells[(impl, m)]:.0f}" if (impl, m) in cells else "-"
+                                   for m in ("fwd", "fwd+bwd"))
+    out.append(f"| {shape} | {cell('jaxcraft')} | {cell('cudnn')} | {cell('xla')} |")
+  return "\n".join(out)
+
+
+def main():
+  for path in sys.argv[1:]:
+    results = json.load(open(path))
+    meta = results["meta"]
+    copy = f", copy {meta['copy_gbps']:.0f} GB/s" if "copy_gbps" in meta else ""
+    print(f"\n### {path}: {meta['device']}, jax {meta['jax']}, {meta['date']}{copy}\n")
+    if "norm" in results:
+      print(norm_table(results["norm"]) + "\n")
+    if "attention" in results:
+      print(attention_table(results["attention"]) + "\n")
+
+
+if __name__ == "__main__":
+  main()
