@@ -52,17 +52,15 @@ AttentionMask mask_of(const MaskAttrs& a, ffi::Buffer<ffi::S32> q_lengths,
   return m;
 }
 
-ffi::ErrorOr<AttentionFwdParams> fwd_params(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                                            ffi::Buffer<ffi::S32> q_lengths,
-                                            ffi::Buffer<ffi::S32> kv_lengths,
-                                            ffi::Result<ffi::AnyBuffer> o,
-                                            ffi::Result<ffi::Buffer<ffi::F32>> lse, float scale,
-                                            const MaskAttrs& mask) {
+// The fields the forward and backward share: shape, mask, dtype, q/k/v.
+template <typename Params>
+ffi::Error fill_common(Params& p, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
+                       const ffi::AnyBuffer& v, ffi::Buffer<ffi::S32> q_lengths,
+                       ffi::Buffer<ffi::S32> kv_lengths, float scale, const MaskAttrs& mask) {
   auto shape = shape_of(q, k, v);
-  if (shape.has_error()) return ffi::Unexpected<ffi::Error>(shape.error());
+  if (shape.has_error()) return shape.error();
   const auto dtype = to_dtype(q.element_type());
-  if (!dtype) return invalid("attention: q must be float32, bfloat16 or float16");
-  AttentionFwdParams p;
+  if (!dtype) return ffi::Error::InvalidArgument("jaxcraft: attention: q must be float32, bfloat16 or float16");
   p.shape = shape.value();
   p.mask = mask_of(mask, q_lengths, kv_lengths);
   p.dtype = *dtype;
@@ -70,6 +68,18 @@ ffi::ErrorOr<AttentionFwdParams> fwd_params(ffi::AnyBuffer q, ffi::AnyBuffer k, 
   p.q = q.untyped_data();
   p.k = k.untyped_data();
   p.v = v.untyped_data();
+  return ffi::Error::Success();
+}
+
+ffi::ErrorOr<AttentionFwdParams> fwd_params(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                                            ffi::Buffer<ffi::S32> q_lengths,
+                                            ffi::Buffer<ffi::S32> kv_lengths,
+                                            ffi::Result<ffi::AnyBuffer> o,
+                                            ffi::Result<ffi::Buffer<ffi::F32>> lse, float scale,
+                                            const MaskAttrs& mask) {
+  AttentionFwdParams p;
+  if (auto e = fill_common(p, q, k, v, q_lengths, kv_lengths, scale, mask); e.failure())
+    return ffi::Unexpected<ffi::Error>(std::move(e));
   p.o = o->untyped_data();
   p.lse = lse->typed_data();
   return p;
@@ -82,19 +92,10 @@ ffi::ErrorOr<AttentionBwdParams> bwd_params(
     ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
     ffi::Result<ffi::Buffer<ffi::F32>> delta, ffi::Result<ffi::Buffer<ffi::F32>> dq_accum,
     float scale, const MaskAttrs& mask, bool deterministic) {
-  auto shape = shape_of(q, k, v);
-  if (shape.has_error()) return ffi::Unexpected<ffi::Error>(shape.error());
-  const auto dtype = to_dtype(q.element_type());
-  if (!dtype) return invalid("attention: q must be float32, bfloat16 or float16");
   AttentionBwdParams p;
-  p.shape = shape.value();
-  p.mask = mask_of(mask, q_lengths, kv_lengths);
-  p.dtype = *dtype;
-  p.scale = scale;
+  if (auto e = fill_common(p, q, k, v, q_lengths, kv_lengths, scale, mask); e.failure())
+    return ffi::Unexpected<ffi::Error>(std::move(e));
   p.deterministic = deterministic;
-  p.q = q.untyped_data();
-  p.k = k.untyped_data();
-  p.v = v.untyped_data();
   p.o = o.untyped_data();
   p.lse = lse.typed_data();
   p.d_o = d_o.untyped_data();
@@ -103,7 +104,7 @@ ffi::ErrorOr<AttentionBwdParams> bwd_params(
   p.dv = dv->untyped_data();
   p.delta = delta->typed_data();
   p.dq_accum = static_cast<float*>(data_or_null(*dq_accum));
-  if (!deterministic && !p.dq_accum && shape.value().seqlen_q > 0)
+  if (!deterministic && !p.dq_accum && p.shape.seqlen_q > 0)
     return invalid("attention backward: the atomic dQ path needs the dq_accum scratch");
   return p;
 }
