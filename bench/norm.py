@@ -67,7 +67,7 @@ def run(bandwidth: float, specs=NORM_SPECS):
                                      ("fwd+bwd", _fwd_bwd_step, spec.fwd_bwd_bytes(2, residual))):
             try:
               step = make(fn, residual)
-              sec = time_step(lambda c, s, b, r: step(c, s, b, r), x, s, b, r,
+              sec = time_step(step, x, s, b, r,
                               custom_call=name == "jaxcraft")
             except Exception as e:  # noqa: BLE001 - a peer that fails is reported, not fatal
               print(f"  {kind} {name} {mode} {spec.name}: failed: {type(e).__name__}: {str(e)[:120]}")

@@ -364,7 +364,7 @@ _norm.defvjp(_norm_fwd, _norm_bwd)
 
 
 # ------------------------------------------------------------- public API
-def _checked(name, x, scale, bias, residual, epsilon, implementation):
+def _checked(x, scale, bias, residual, epsilon, implementation):
   _primitive.check_implementation(implementation)
   x = _checks.as_array("x", x)
   _checks.check_float("x", x)
@@ -410,7 +410,7 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, residual=None, impleme
   `implementation`: None (kernel where built, else the reference), "cuda",
   "cpu" (force the kernel) or "xla" (the pure-JAX reference).
   """
-  x, scale, bias, residual, epsilon = _checked("layer_norm", x, scale, bias, residual,
+  x, scale, bias, residual, epsilon = _checked(x, scale, bias, residual,
                                                epsilon, implementation)
   return _apply(x, scale, bias, residual, epsilon, False, implementation, layer_norm_reference)
 
@@ -421,6 +421,6 @@ def rms_norm(x, scale=None, *, epsilon=1e-6, residual=None, implementation=None)
   With `residual`, returns (rms_norm(x + residual), x + residual). See
   `layer_norm` for `implementation`.
   """
-  x, scale, _, residual, epsilon = _checked("rms_norm", x, scale, None, residual,
+  x, scale, _, residual, epsilon = _checked(x, scale, None, residual,
                                             epsilon, implementation)
   return _apply(x, scale, None, residual, epsilon, True, implementation, rms_norm_reference)
