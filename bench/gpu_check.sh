@@ -2,7 +2,8 @@
 # The one GPU script (run through the device tool): build, GPU tests,
 # compute-sanitizer on small cases, benchmarks. Logs and JSON go to $OUT.
 #   bash bench/gpu_check.sh [ops=norm] [stages=build,test,sanitize,bench]
-# PYTEST_ARGS selects tests (default: all); STAGE_TIMEOUT bounds each stage so
+# PYTEST_ARGS selects test files (default: all), PYTEST_K a -k expression;
+# STAGE_TIMEOUT bounds each stage so
 # one slow stage cannot eat the whole device call.
 set -uo pipefail
 OPS=${1:-norm}
@@ -32,7 +33,7 @@ if stage test; then
   # CI runs the CPU kernels' tests; here the CUDA ones (and the platform-free tests).
   # Autotuning the references' matmuls would dominate the suite's compile time.
   XLA_FLAGS=--xla_gpu_autotune_level=0 JAXCRAFT_TEST_PLATFORMS=cuda \
-    step tests python3 -m pytest -v -rf --maxfail=25 -p no:cacheprovider ${PYTEST_ARGS:-tests}
+    step tests python3 -m pytest -v -rf --maxfail=25 -p no:cacheprovider ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_ARGS:-tests}
 fi
 if stage sanitize; then
   for tool in memcheck racecheck synccheck; do

@@ -7,13 +7,11 @@ tested against, and it follows the mask semantics of
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 # Backends whose dot_general accepts the F16_F16_F32 algorithm preset.
-_F16_PRESET_BACKENDS = ("gpu", "cuda", "rocm")
 
 
 def attention_reference(
@@ -43,8 +41,8 @@ def attention_reference(
     soft cap, which jax.nn does not have):
 
     1. ``logits = einsum(q, k)`` in fp32 (``preferred_element_type``; bf16
-       inputs use the BF16_BF16_F32 precision preset, f16 inputs F16_F16_F32
-       on GPU and the default precision elsewhere, as jax.nn ends up doing),
+       inputs use the BF16_BF16_F32 precision preset, f16 inputs the default
+       precision, which is the same f16 x f16 -> f32 product),
     2. ``logits *= scale``,
     3. ``logits = logit_soft_cap * tanh(logits / logit_soft_cap)`` if given,
     4. ``logits += bias`` (in fp32; bias broadcastable to [B, N, T, S]),
@@ -110,18 +108,12 @@ def attention_reference(
 def _grouped_logits(query, key):
     """fp32 [B, K, G, T, S] logits, with jax.nn's precision choice.
 
-    jax.nn falls back to the default precision when a preset fails to
-    compile, which only works outside jit (F16_F16_F32 is rejected on CPU
-    and TPU at compile time). Choosing by backend gives the same numbers and
-    also works under jit: f16 x f16 -> f32 with the default precision is the
-    same computation.
+    f16 takes the default precision, not the F16_F16_F32 preset: the
+    preset is rejected at compile time on CPU and TPU, and on GPU for a
+    dot that degenerates to a vector product (T = S = 1), while f16 x f16
+    -> f32 with the default precision is the same computation.
     """
-    if query.dtype == jnp.bfloat16:
-        precision = lax.DotAlgorithmPreset.BF16_BF16_F32
-    elif query.dtype == jnp.float16 and jax.default_backend() in _F16_PRESET_BACKENDS:
-        precision = lax.DotAlgorithmPreset.F16_F16_F32
-    else:
-        precision = None
+    precision = lax.DotAlgorithmPreset.BF16_BF16_F32 if query.dtype == jnp.bfloat16 else None
     logits_dtype = jnp.promote_types(query.dtype, jnp.float32)
     return jnp.einsum(
         "btkgh,bskh->bkgts", query, key,

@@ -369,7 +369,7 @@ def _checked(x, scale, bias, residual, epsilon, implementation):
   x = _checks.as_array("x", x)
   _checks.check_float("x", x)
   if x.ndim < 1:
-    raise ValueError(f"x must have at least one axis (the normalized one); got a scalar")
+    raise ValueError("x must have at least one axis (the normalized one); got a scalar")
   cols = x.shape[-1]
   params = []
   for pname, p in (("scale", scale), ("bias", bias)):
