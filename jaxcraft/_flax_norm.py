@@ -17,15 +17,28 @@ def kernel_applies(module) -> bool:
           and module.axis_name is None)
 
 
-def normalize(x, scale, bias, *, dtype, epsilon: float, rms: bool):
+def check_residual_supported(module, mask) -> None:
+  """The fused residual form exists only where the kernel applies."""
+  if mask is not None or not kernel_applies(module):
+    raise ValueError("residual= needs the kernel's configuration: no mask, normalization over "
+                     "the last axis only, axis_name=None")
+
+
+def normalize(x, scale, bias, *, dtype, epsilon: float, rms: bool, residual=None):
   """Flax's result dtype (`dtype`, else promoted from x and the params), with
-  the kernel running in the wider of that and x's dtype, as Flax computes."""
+  the kernel running in the wider of that and x's dtype, as Flax computes.
+  With `residual` (a jaxcraft extension), returns (norm(x + residual),
+  x + residual) from one fused kernel, the sum in that compute dtype."""
   out_dtype = dtypes.canonicalize_dtype(*[a for a in (x, scale, bias) if a is not None],
                                         dtype=dtype)
   compute_dtype = jnp.promote_types(x.dtype, out_dtype)
   x = x.astype(compute_dtype)
+  if residual is not None:
+    residual = residual.astype(compute_dtype)
   if rms:
-    y = norm_ops.rms_norm(x, scale, epsilon=epsilon)
+    out = norm_ops.rms_norm(x, scale, epsilon=epsilon, residual=residual)
   else:
-    y = norm_ops.layer_norm(x, scale, bias, epsilon=epsilon)
-  return y.astype(out_dtype)
+    out = norm_ops.layer_norm(x, scale, bias, epsilon=epsilon, residual=residual)
+  if residual is None:
+    return out.astype(out_dtype)
+  return out[0].astype(out_dtype), out[1]

@@ -14,22 +14,30 @@ class LayerNorm(linen.LayerNorm):
   """Drop-in for `flax.linen.LayerNorm`."""
 
   @linen.compact
-  def __call__(self, x, *, mask=None):
-    if mask is not None or not _flax_norm.kernel_applies(self):
+  def __call__(self, x, *, mask=None, residual=None):
+    """Flax's call; `residual=r` returns (norm(x + r), x + r) from one kernel."""
+    if residual is not None:
+      _flax_norm.check_residual_supported(self, mask)
+    elif mask is not None or not _flax_norm.kernel_applies(self):
       return super().__call__(x, mask=mask)
     cols = x.shape[-1]
     scale = self.param("scale", self.scale_init, (cols,), self.param_dtype) if self.use_scale else None
     bias = self.param("bias", self.bias_init, (cols,), self.param_dtype) if self.use_bias else None
-    return _flax_norm.normalize(x, scale, bias, dtype=self.dtype, epsilon=self.epsilon, rms=False)
+    return _flax_norm.normalize(x, scale, bias, dtype=self.dtype, epsilon=self.epsilon, rms=False,
+                                residual=residual)
 
 
 class RMSNorm(linen.RMSNorm):
   """Drop-in for `flax.linen.RMSNorm`."""
 
   @linen.compact
-  def __call__(self, x, *, mask=None):
-    if mask is not None or not _flax_norm.kernel_applies(self):
+  def __call__(self, x, *, mask=None, residual=None):
+    """Flax's call; `residual=r` returns (norm(x + r), x + r) from one kernel."""
+    if residual is not None:
+      _flax_norm.check_residual_supported(self, mask)
+    elif mask is not None or not _flax_norm.kernel_applies(self):
       return super().__call__(x, mask=mask)
     cols = x.shape[-1]
     scale = self.param("scale", self.scale_init, (cols,), self.param_dtype) if self.use_scale else None
-    return _flax_norm.normalize(x, scale, None, dtype=self.dtype, epsilon=self.epsilon, rms=True)
+    return _flax_norm.normalize(x, scale, None, dtype=self.dtype, epsilon=self.epsilon, rms=True,
+                                residual=residual)

@@ -11,19 +11,27 @@ from jaxcraft import _flax_norm
 class LayerNorm(nnx.LayerNorm):
   """Drop-in for `flax.nnx.LayerNorm`."""
 
-  def __call__(self, x, *, mask=None):
-    if mask is not None or not _flax_norm.kernel_applies(self):
+  def __call__(self, x, *, mask=None, residual=None):
+    """Flax's call; `residual=r` returns (norm(x + r), x + r) from one kernel."""
+    if residual is not None:
+      _flax_norm.check_residual_supported(self, mask)
+    elif mask is not None or not _flax_norm.kernel_applies(self):
       return super().__call__(x, mask=mask)
     scale = self.scale[...] if self.scale else None
     bias = self.bias[...] if self.bias else None
-    return _flax_norm.normalize(x, scale, bias, dtype=self.dtype, epsilon=self.epsilon, rms=False)
+    return _flax_norm.normalize(x, scale, bias, dtype=self.dtype, epsilon=self.epsilon, rms=False,
+                                residual=residual)
 
 
 class RMSNorm(nnx.RMSNorm):
   """Drop-in for `flax.nnx.RMSNorm`."""
 
-  def __call__(self, x, *, mask=None):
-    if mask is not None or not _flax_norm.kernel_applies(self):
+  def __call__(self, x, *, mask=None, residual=None):
+    """Flax's call; `residual=r` returns (norm(x + r), x + r) from one kernel."""
+    if residual is not None:
+      _flax_norm.check_residual_supported(self, mask)
+    elif mask is not None or not _flax_norm.kernel_applies(self):
       return super().__call__(x, mask=mask)
     scale = self.scale[...] if self.scale else None
-    return _flax_norm.normalize(x, scale, None, dtype=self.dtype, epsilon=self.epsilon, rms=True)
+    return _flax_norm.normalize(x, scale, None, dtype=self.dtype, epsilon=self.epsilon, rms=True,
+                                residual=residual)

@@ -1,0 +1,110 @@
+"""Attention for flax.linen: `dot_product_attention` with the signature of
+`flax.linen.dot_product_attention` (pass it as `attention_fn=` of
+`flax.linen.MultiHeadDotProductAttention`), and `MultiHeadAttention`, which
+has Flax's parameter layout plus grouped KV heads, a causal flag and RoPE."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax.linen as linen
+import jax.numpy as jnp
+from flax.linen import dtypes
+
+from jaxcraft import _flax_attention
+
+
+def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dropout=True,
+                          dropout_rng=None, dropout_rate=0.0, deterministic=False, dtype=None,
+                          precision=None, module=None, force_fp32_for_softmax=False,
+                          einsum_dot_general=None, qk_attn_weights_einsum=None,
+                          attn_weights_value_einsum=None, *, is_causal=False):
+  """Drop-in for `flax.linen.dot_product_attention`, run by the jaxcraft kernel.
+
+  Inputs [batch..., length, heads, depth]; `mask` (bool or Flax's float 0/1)
+  and `bias` broadcastable to [batch..., heads, q_length, kv_length]; key and
+  value may have fewer heads than query (GQA). Softmax is always computed in
+  float32 (as with `force_fp32_for_softmax=True`). `is_causal` (keyword, an
+  extension) masks future keys without a mask array. Calls that need the
+  attention weights themselves (active dropout, `module` to sow them, custom
+  einsums or `precision`) run Flax's own implementation. A query whose keys
+  are all masked gives zeros, where Flax gives the mean of the values.
+  """
+  dropout_active = dropout_rate > 0.0 and not deterministic
+  custom_math = precision is not None or any(
+      f is not None for f in (einsum_dot_general, qk_attn_weights_einsum,
+                              attn_weights_value_einsum))
+  if dropout_active or module is not None or custom_math:
+    key, value, mask = _flax_attention.fallback_inputs(query, key, value, mask, is_causal)
+    return linen.dot_product_attention(
+        query, key, value, bias, mask, broadcast_dropout, dropout_rng, dropout_rate,
+        deterministic, dtype, precision, module, force_fp32_for_softmax, einsum_dot_general,
+        qk_attn_weights_einsum, attn_weights_value_einsum)
+  query, key, value = dtypes.promote_dtype(query, key, value, dtype=dtype)
+  return _flax_attention.kernel_attention(query, key, value, bias, mask, is_causal=is_causal)
+
+
+class MultiHeadAttention(linen.Module):
+  """Multi-head attention with `flax.linen.MultiHeadDotProductAttention`'s
+  parameters ("query", "key", "value", "out" DenseGeneral layers), so
+  checkpoints are interchangeable when `num_kv_heads` is None.
+
+  Beyond Flax: `num_kv_heads` (grouped-query attention: key/value project to
+  fewer heads), `is_causal` (no mask array needed: the kernel skips masked
+  tiles), `rope_base` (rotary embeddings on query and key; None: off).
+  """
+  num_heads: int
+  num_kv_heads: int | None = None
+  qkv_features: int | None = None
+  out_features: int | None = None
+  dtype: Any = None
+  param_dtype: Any = jnp.float32
+  kernel_init: Callable = linen.linear.default_kernel_init
+  bias_init: Callable = linen.initializers.zeros_init()
+  use_bias: bool = True
+  is_causal: bool = False
+  rope_base: float | None = None
+  dropout_rate: float = 0.0
+  deterministic: bool | None = None
+  attention_fn: Callable = dot_product_attention
+
+  @linen.compact
+  def __call__(self, inputs_q, inputs_k=None, inputs_v=None, *, mask=None, positions=None,
+               deterministic: bool | None = None):
+    """inputs [batch..., length, features] -> [batch..., length, out_features].
+    `positions` (int [batch..., length]) are the query/key positions for RoPE
+    (default 0..length-1)."""
+    inputs_k = inputs_q if inputs_k is None else inputs_k
+    inputs_v = inputs_k if inputs_v is None else inputs_v
+    qkv_features = self.qkv_features or inputs_q.shape[-1]
+    if qkv_features % self.num_heads:
+      raise ValueError(f"qkv_features ({qkv_features}) must be divisible by num_heads "
+                       f"({self.num_heads})")
+    kv_heads = self.num_kv_heads or self.num_heads
+    if self.num_heads % kv_heads:
+      raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                       f"({kv_heads})")
+    head_dim = qkv_features // self.num_heads
+    dense = lambda heads, name: linen.DenseGeneral(
+        features=(heads, head_dim), axis=-1, dtype=self.dtype, param_dtype=self.param_dtype,
+        kernel_init=self.kernel_init, bias_init=self.bias_init, use_bias=self.use_bias,
+        name=name)
+    query = dense(self.num_heads, "query")(inputs_q)
+    key = dense(kv_heads, "key")(inputs_k)
+    value = dense(kv_heads, "value")(inputs_v)
+    if self.rope_base is not None:
+      q_pos = _flax_attention.default_positions(inputs_q) if positions is None else positions
+      k_pos = q_pos if inputs_k is inputs_q else _flax_attention.default_positions(inputs_k)
+      query = _flax_attention.apply_rope(query, q_pos, self.rope_base)
+      key = _flax_attention.apply_rope(key, k_pos, self.rope_base)
+    # As Flax: `deterministic` is needed only when there is dropout to apply.
+    deterministic = (linen.merge_param("deterministic", self.deterministic, deterministic)
+                     if self.dropout_rate > 0 else True)
+    dropout_rng = None if deterministic else self.make_rng("dropout")
+    x = self.attention_fn(query, key, value, mask=mask, dropout_rng=dropout_rng,
+                          dropout_rate=self.dropout_rate, deterministic=deterministic,
+                          dtype=self.dtype, is_causal=self.is_causal)
+    return linen.DenseGeneral(
+        features=self.out_features or inputs_q.shape[-1], axis=(-2, -1),
+        kernel_init=self.kernel_init, bias_init=self.bias_init, use_bias=self.use_bias,
+        dtype=self.dtype, param_dtype=self.param_dtype, name="out")(x)

@@ -1,0 +1,64 @@
+"""A pre-norm transformer block for flax.nnx built on jaxcraft kernels (the
+same structure and parameter names as `jaxcraft.nn.TransformerBlock`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxcraft.nn.transformer import ACTIVATIONS
+from jaxcraft.nnx.attention import MultiHeadAttention
+from jaxcraft.nnx.normalization import LayerNorm, RMSNorm
+
+
+class MLP(nnx.Module):
+  """Feed-forward layer: "swiglu" (Linear `wi` to 2 x hidden, silu(a) * b,
+  Linear `wo`) or "gelu" (Linear `wi` to hidden, tanh-GELU, Linear `wo`)."""
+
+  def __init__(self, features: int, hidden: int, activation: str = "swiglu", *,
+               dtype: Any = None, param_dtype: Any = jnp.float32, rngs: nnx.Rngs):
+    if activation not in ACTIVATIONS:
+      raise ValueError(f"activation must be one of {ACTIVATIONS}; got {activation!r}")
+    self.activation = activation
+    width = 2 * hidden if activation == "swiglu" else hidden
+    linear = lambda i, o: nnx.Linear(i, o, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.wi = linear(features, width)
+    self.wo = linear(hidden, features)
+
+  def __call__(self, x):
+    if self.activation == "swiglu":
+      a, b = jnp.split(self.wi(x), 2, axis=-1)
+      return self.wo(jax.nn.silu(a) * b)
+    return self.wo(jax.nn.gelu(self.wi(x), approximate=True))
+
+
+class TransformerBlock(nnx.Module):
+  """x -> h = x + attention(norm(x)); out = h + mlp(norm(h)), the first
+  residual add and the second norm fused into one jaxcraft kernel."""
+
+  def __init__(self, features: int, num_heads: int, mlp_hidden: int, *,
+               num_kv_heads: int | None = None, activation: str = "swiglu", norm: str = "rms",
+               epsilon: float = 1e-6, is_causal: bool = True, rope_base: float | None = None,
+               dtype: Any = None, param_dtype: Any = jnp.float32, rngs: nnx.Rngs):
+    if norm not in ("rms", "layer"):
+      raise ValueError(f"norm must be 'rms' or 'layer'; got {norm!r}")
+    norm_cls = RMSNorm if norm == "rms" else LayerNorm
+    make_norm = lambda: norm_cls(features, epsilon=epsilon, dtype=dtype,
+                                 param_dtype=param_dtype, rngs=rngs)
+    self.is_causal = is_causal
+    self.attention_norm = make_norm()
+    kv_heads = {} if num_kv_heads is None else dict(num_kv_heads=num_kv_heads)
+    self.attention = MultiHeadAttention(
+        num_heads, features, dtype=dtype, param_dtype=param_dtype, rope_base=rope_base,
+        decode=False, rngs=rngs, **kv_heads)
+    self.mlp_norm = make_norm()
+    self.mlp = MLP(features, mlp_hidden, activation, dtype=dtype, param_dtype=param_dtype,
+                   rngs=rngs)
+
+  def __call__(self, x, *, mask=None):
+    attn = self.attention(self.attention_norm(x), mask=mask, is_causal=self.is_causal)
+    y, h = self.mlp_norm(attn, residual=x)
+    return h + self.mlp(y).astype(h.dtype)
