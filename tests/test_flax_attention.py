@@ -1,0 +1,200 @@
+"""jaxcraft.nn / jaxcraft.nnx attention and transformer modules: drop-ins for
+Flax's attention functions and modules (same parameters, same results
+within computed tolerances), and the kernels really run inside them."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+flax = pytest.importorskip("flax")
+import flax.linen as linen  # noqa: E402
+from flax import nnx  # noqa: E402
+
+import jaxcraft  # noqa: E402
+from numerics import assert_close, f64, random  # noqa: E402
+
+DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
+
+
+def _qkv(shape_q, shape_kv, dtype, seed=0):
+  k = jax.random.split(jax.random.key(seed), 3)
+  return random(k[0], shape_q, dtype), random(k[1], shape_kv, dtype), random(k[2], shape_kv, dtype)
+
+
+def _up(*arrays):
+  return [None if a is None else a.astype(jnp.float32) for a in arrays]
+
+
+def _check_against_flax(ours, flax_fn, q, k, v, **kw):
+  """ours(q, k, v) vs flax_fn in the input dtype, both against flax_fn in
+  float32 at the highest matmul precision."""
+  with jax.default_matmul_precision("highest"):
+    ref = f64(flax_fn(*_up(q, k, v), **kw))
+  out = ours(q, k, v, **kw)
+  assert out.dtype == q.dtype and out.shape == q.shape[:-1] + v.shape[-1:]
+  assert_close(out, flax_fn(q, k, v, **kw), ref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch", [(), (3,), (2, 3)])
+def test_linen_function_matches_flax(platform, dtype, batch):
+  q, k, v = _qkv(batch + (17, 4, 32), batch + (23, 4, 32), dtype)
+  # Flax's float 0/1 mask, broadcast over heads: a padding pattern per batch row.
+  keep = (jnp.arange(23) < 19 - jnp.arange(int(np.prod(batch or (1,)))).reshape(batch + (1,)))
+  mask = keep[..., None, None, :].astype(jnp.float32)
+  _check_against_flax(jaxcraft.nn.dot_product_attention, linen.dot_product_attention,
+                      q, k, v, mask=mask)
+  _check_against_flax(jaxcraft.nn.dot_product_attention, linen.dot_product_attention, q, k, v)
+
+
+def test_linen_function_causal_flag_and_bias(platform):
+  q, k, v = _qkv((2, 33, 4, 64), (2, 33, 4, 64), jnp.bfloat16, seed=1)
+  causal = linen.make_causal_mask(jnp.ones((2, 33)))
+  with jax.default_matmul_precision("highest"):
+    ref = f64(linen.dot_product_attention(*_up(q, k, v), mask=causal))
+  assert_close(jaxcraft.nn.dot_product_attention(q, k, v, is_causal=True),
+               linen.dot_product_attention(q, k, v, mask=causal), ref)
+  bias = random(jax.random.key(5), (1, 4, 33, 33), jnp.float32)
+  with jax.default_matmul_precision("highest"):
+    ref = f64(linen.dot_product_attention(*_up(q, k, v), bias=bias))
+  assert_close(jaxcraft.nn.dot_product_attention(q, k, v, bias=bias),
+               linen.dot_product_attention(q, k, v, bias=bias), ref)
+
+
+def test_linen_function_dropout_runs_flax(platform):
+  """Active dropout needs the weights: Flax's own math, same random stream."""
+  q, k, v = _qkv((2, 9, 2, 16), (2, 9, 2, 16), jnp.float32)
+  kw = dict(dropout_rng=jax.random.key(3), dropout_rate=0.3, deterministic=False)
+  np.testing.assert_array_equal(jaxcraft.nn.dot_product_attention(q, k, v, **kw),
+                                linen.dot_product_attention(q, k, v, **kw))
+
+
+def test_nnx_function_matches_flax(platform):
+  q, k, v = _qkv((2, 40, 8, 32), (2, 40, 2, 32), jnp.bfloat16, seed=2)
+  _check_against_flax(jaxcraft.nnx.dot_product_attention, nnx.dot_product_attention,
+                      q, k, v, is_causal=True)
+
+
+def _mhdpa_pair(attention_fn, **kw):
+  return (linen.MultiHeadDotProductAttention(num_heads=4, attention_fn=attention_fn, **kw),
+          linen.MultiHeadDotProductAttention(num_heads=4, **kw))
+
+
+def test_linen_mhdpa_with_jaxcraft_attention_fn(platform):
+  ours, theirs = _mhdpa_pair(jaxcraft.nn.dot_product_attention)
+  x = random(jax.random.key(0), (2, 21, 64), jnp.float32)
+  mask = linen.make_causal_mask(jnp.ones((2, 21)))
+  params = theirs.init(jax.random.key(1), x)
+  with jax.default_matmul_precision("highest"):
+    ref = f64(theirs.apply(params, x, mask=mask))
+  assert_close(ours.apply(params, x, mask=mask), theirs.apply(params, x, mask=mask), ref)
+  loss = lambda m: lambda p: jnp.sum(jnp.sin(m.apply(p, x, mask=mask)))
+  for a, b in zip(jax.tree.leaves(jax.grad(loss(ours))(params)),
+                  jax.tree.leaves(jax.grad(loss(theirs))(params))):
+    np.testing.assert_allclose(f64(a), f64(b), rtol=1e-4, atol=1e-5)
+
+
+def test_multi_head_attention_is_flax_layout(platform):
+  """Same parameter tree as Flax's module; with is_causal it computes what
+  Flax's module computes with a causal mask."""
+  x = random(jax.random.key(0), (2, 30, 64), jnp.bfloat16)
+  ours = jaxcraft.nn.MultiHeadAttention(num_heads=4, is_causal=True, dtype=jnp.bfloat16)
+  theirs = linen.MultiHeadDotProductAttention(num_heads=4, dtype=jnp.bfloat16)
+  params = theirs.init(jax.random.key(1), x)
+  assert jax.tree.structure(ours.init(jax.random.key(1), x)) == jax.tree.structure(params)
+  assert jax.tree.map(jnp.shape, ours.init(jax.random.key(1), x)) == jax.tree.map(jnp.shape, params)
+  mask = linen.make_causal_mask(jnp.ones((2, 30)))
+  with jax.default_matmul_precision("highest"):
+    ref_model = linen.MultiHeadDotProductAttention(num_heads=4, dtype=jnp.float32)
+    ref = f64(ref_model.apply(params, x.astype(jnp.float32), mask=mask))
+  assert_close(ours.apply(params, x), theirs.apply(params, x, mask=mask), ref)
+
+
+def test_multi_head_attention_gqa_equals_repeated_heads(platform):
+  """GQA with K kv-heads = full multi-head attention whose key/value
+  projections repeat each kv head N/K times."""
+  x = random(jax.random.key(0), (2, 12, 48), jnp.float32)
+  gqa = jaxcraft.nn.MultiHeadAttention(num_heads=6, num_kv_heads=2, is_causal=True)
+  full = jaxcraft.nn.MultiHeadAttention(num_heads=6, is_causal=True)
+  params = gqa.init(jax.random.key(1), x)
+  repeat = lambda a: jnp.repeat(a, 3, axis=-2)  # heads axis of kernel [in, K, H] / bias [K, H]
+  widened = jax.tree_util.tree_map_with_path(
+      lambda path, a: repeat(a) if path[1].key in ("key", "value") else a, params)
+  np.testing.assert_allclose(f64(gqa.apply(params, x)), f64(full.apply(widened, x)),
+                             rtol=1e-5, atol=1e-5)
+
+
+def test_multi_head_attention_rope_is_relative(platform):
+  """RoPE makes attention depend on position differences only: shifting all
+  positions changes nothing, while RoPE itself does change the output."""
+  x = random(jax.random.key(0), (2, 16, 64), jnp.float32)
+  rope = jaxcraft.nn.MultiHeadAttention(num_heads=4, is_causal=True, rope_base=10_000.0)
+  params = rope.init(jax.random.key(1), x)
+  pos = jnp.broadcast_to(jnp.arange(16), (2, 16))
+  base = rope.apply(params, x, positions=pos)
+  np.testing.assert_allclose(f64(rope.apply(params, x, positions=pos + 37)), f64(base),
+                             rtol=2e-4, atol=2e-4)
+  plain = jaxcraft.nn.MultiHeadAttention(num_heads=4, is_causal=True).apply(params, x)
+  assert np.max(np.abs(f64(plain) - f64(base))) > 1e-2
+
+
+def test_nnx_multi_head_attention_matches_flax(platform):
+  x = random(jax.random.key(0), (2, 19, 64), jnp.float32)
+  ours = jaxcraft.nnx.MultiHeadAttention(4, 64, decode=False, rngs=nnx.Rngs(0))
+  theirs = nnx.MultiHeadAttention(4, 64, decode=False, rngs=nnx.Rngs(0))
+  assert jax.tree.map(jnp.shape, nnx.state(ours, nnx.Param)) == \
+      jax.tree.map(jnp.shape, nnx.state(theirs, nnx.Param))
+  with jax.default_matmul_precision("highest"):
+    ref = f64(theirs(x, is_causal=True))
+  assert_close(ours(x, is_causal=True), theirs(x, is_causal=True), ref)
+  # Flax's own module with jaxcraft's attention_fn: the same numbers.
+  dropin = nnx.MultiHeadAttention(4, 64, decode=False, rngs=nnx.Rngs(0),
+                                  attention_fn=jaxcraft.nnx.dot_product_attention)
+  np.testing.assert_array_equal(dropin(x, is_causal=True), ours(x, is_causal=True))
+
+
+def _linen_to_nnx(params, module):
+  """Copy a linen param tree into an nnx module with the same names."""
+  state = nnx.state(module, nnx.Param)
+  flat = {path: leaf for path, leaf in jax.tree_util.tree_leaves_with_path(params["params"])}
+  keys = lambda path: tuple(getattr(p, "key", getattr(p, "name", None)) for p in path)
+  by_name = {keys(p): v for p, v in flat.items()}
+  new = jax.tree_util.tree_map_with_path(lambda p, _: by_name[keys(p)[:-1] if keys(p)[-1] ==
+                                                              "value" else keys(p)], state)
+  nnx.update(module, new)
+
+
+@pytest.mark.parametrize("activation,norm", [("swiglu", "rms"), ("gelu", "layer")])
+def test_transformer_block_linen_equals_nnx(platform, activation, norm):
+  x = random(jax.random.key(0), (2, 24, 64), jnp.float32)
+  kw = dict(num_kv_heads=2, activation=activation, norm=norm, rope_base=500.0)
+  block = jaxcraft.nn.TransformerBlock(num_heads=4, mlp_hidden=96, **kw)
+  params = block.init(jax.random.key(1), x)
+  nnx_block = jaxcraft.nnx.TransformerBlock(64, 4, 96, **kw, rngs=nnx.Rngs(0))
+  _linen_to_nnx(params, nnx_block)
+  np.testing.assert_allclose(f64(nnx_block(x)), f64(block.apply(params, x)), rtol=1e-5, atol=1e-5)
+  grads = jax.grad(lambda p: jnp.sum(block.apply(p, x) ** 2))(params)
+  assert all(np.all(np.isfinite(f64(g))) for g in jax.tree.leaves(grads))
+
+
+def test_transformer_block_is_causal(platform):
+  """Changing a later token must not change earlier outputs."""
+  block = jaxcraft.nn.TransformerBlock(num_heads=2, mlp_hidden=64)
+  x = random(jax.random.key(0), (1, 10, 32), jnp.float32)
+  params = block.init(jax.random.key(1), x)
+  y = block.apply(params, x)
+  y2 = block.apply(params, x.at[:, 6:].add(1.0))
+  np.testing.assert_array_equal(f64(y[:, :6]), f64(y2[:, :6]))
+  assert np.max(np.abs(f64(y[:, 6:]) - f64(y2[:, 6:]))) > 1e-3
+
+
+def test_kernels_run_inside_the_block(platform):
+  block = jaxcraft.nn.TransformerBlock(num_heads=4, mlp_hidden=64, dtype=jnp.bfloat16)
+  x = random(jax.random.key(0), (2, 16, 64), jnp.bfloat16)
+  params = block.init(jax.random.key(1), x)
+  hlo = jax.jit(jax.grad(lambda p: jnp.sum(block.apply(p, x).astype(jnp.float32)))).lower(
+      params).as_text()
+  for target in ("jaxcraft_attention_fwd", "jaxcraft_attention_bwd", "jaxcraft_norm_fwd",
+                 "jaxcraft_norm_bwd"):
+    assert f'"{target}"' in hlo or f"@{target}" in hlo, target
