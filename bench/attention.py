@@ -1,7 +1,8 @@
-"""Attention fwd and fwd+bwd TFLOP/s: jaxcraft vs cuDNN (jax.nn) vs XLA."""
+"""Attention fwd and fwd+bwd TFLOP/s: jaxcraft vs cuDNN (jax.nn) vs Pallas-Triton vs XLA."""
 
 from __future__ import annotations
 
+import math
 import os
 
 import jax
@@ -25,6 +26,12 @@ def _impls(spec):
       "cudnn": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=spec.causal,
                                                             implementation="cudnn"),
   }
+  try:  # Pallas' Triton flash attention (forward and backward kernels)
+    from jax.experimental.pallas.ops.gpu import attention as pallas_attention
+    impls["pallas"] = lambda q, k, v: pallas_attention.mha(
+        q, k, v, None, sm_scale=1.0 / math.sqrt(spec.head_dim), causal=spec.causal)
+  except ImportError:
+    pass
   if spec.seqlen <= XLA_MAX_SEQLEN:
     impls["xla"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=spec.causal,
                                                                 implementation="xla")
