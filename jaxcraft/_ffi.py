@@ -9,6 +9,18 @@ import jax
 # XLA's platform names (as the extension reports them) -> JAX lowering names.
 _LOWERING_PLATFORM = {"cpu": "cpu", "CUDA": "cuda"}
 
+# The FFI targets cpp/module.cc registers, on every platform it builds for.
+# Names are an ABI (DESIGN.md rule 5): exported artifacts refer to them.
+NORM_FWD = "jaxcraft_norm_fwd"
+NORM_BWD = "jaxcraft_norm_bwd"
+ATTENTION_FWD = "jaxcraft_attention_fwd"
+ATTENTION_BWD = "jaxcraft_attention_bwd"
+TARGETS = (NORM_FWD, NORM_BWD, ATTENTION_FWD, ATTENTION_BWD)
+
+# jax.export refuses custom calls it does not know to be stable; ours are,
+# as long as jaxcraft (which registers them) is installed where the artifact runs.
+EXPORT_DISABLED_CHECKS = tuple(jax.export.DisabledSafetyCheck.custom_call(t) for t in TARGETS)
+
 
 @functools.cache
 def _extension():
@@ -23,7 +35,7 @@ def _extension():
 def kernel_platforms() -> frozenset[str]:
   """Lowering platforms ("cpu", "cuda") for which jaxcraft kernels are built.
 
-  Registers every FFI target on first call; later calls are free.
+  Registers every FFI target on first call (at import, below); later calls are free.
   """
   ext = _extension()
   if ext is None:
@@ -48,3 +60,9 @@ def extension_error() -> str | None:
   except ImportError as e:
     return str(e)
   return None
+
+
+# Registered at import rather than at the first lowering: a deserialized
+# jax.export artifact calls the targets in a process that may lower no
+# jaxcraft op. Registering costs ~1 ms and initializes no backend.
+kernel_platforms()

@@ -15,8 +15,10 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
 
+from jaxcraft import _ffi, remat
 from jaxcraft.ops import _checks, _primitive
 from jaxcraft.ops.attention_reference import attention_reference
 
@@ -83,7 +85,7 @@ def _fwd_kernel_abstract(q, k, v, q_len, kv_len, *, cfg):
 
 
 _fwd_kernel_p = _primitive.kernel_primitive(
-    "jaxcraft_attention_fwd_kernel", target="jaxcraft_attention_fwd",
+    "jaxcraft_attention_fwd_kernel", target=_ffi.ATTENTION_FWD,
     abstract_eval=_fwd_kernel_abstract,
     reference=lambda q, k, v, ql, kl, *, cfg: cfg.reference(q, k, v, ql, kl),
     ffi_attrs=lambda *, cfg: cfg.ffi_attrs(),
@@ -107,7 +109,7 @@ def _bwd_kernel_reference(q, k, v, o, lse, do, q_len, kv_len, *, cfg):
 
 
 _bwd_kernel_p = _primitive.kernel_primitive(
-    "jaxcraft_attention_bwd_kernel", target="jaxcraft_attention_bwd",
+    "jaxcraft_attention_bwd_kernel", target=_ffi.ATTENTION_BWD,
     abstract_eval=_bwd_kernel_abstract, reference=_bwd_kernel_reference,
     ffi_attrs=lambda *, cfg: dict(cfg.ffi_attrs(), deterministic=cfg.deterministic),
     unsupported=_unsupported)
@@ -210,6 +212,10 @@ def _lengths(cfg, q_len, kv_len):
 
 def _attention_fwd(q, k, v, q_len, kv_len, cfg):
   o, lse = _fwd_p.bind(q, k, v, *_lengths(cfg, q_len, kv_len), cfg=cfg)
+  # Named for jax.checkpoint policies (jaxcraft.remat): the backward kernel
+  # needs o and lse, so keeping both spares a rerun of the forward kernel.
+  o = checkpoint_name(o, remat.ATTENTION_OUT)
+  lse = checkpoint_name(lse, remat.ATTENTION_LSE)
   return (o, lse), (q, k, v, o, lse, q_len, kv_len)
 
 

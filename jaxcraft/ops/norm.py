@@ -15,8 +15,10 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
 
+from jaxcraft import _ffi, remat
 from jaxcraft.ops import _checks, _primitive
 
 F32 = jnp.float32
@@ -98,7 +100,7 @@ def _fwd_kernel_reference(x, residual, scale, bias, *, rms, epsilon, implementat
 
 
 _fwd_kernel_p = _primitive.kernel_primitive(
-    "jaxcraft_norm_fwd_kernel", target="jaxcraft_norm_fwd",
+    "jaxcraft_norm_fwd_kernel", target=_ffi.NORM_FWD,
     abstract_eval=_fwd_kernel_abstract, reference=_fwd_kernel_reference,
     ffi_attrs=lambda *, rms, epsilon, implementation: dict(rms=rms, epsilon=np.float32(epsilon)))
 
@@ -131,7 +133,7 @@ def _bwd_kernel_reference(dy, h, scale, mean, rstd, dh_extra, *, rms, num_partia
 
 
 _bwd_kernel_p = _primitive.kernel_primitive(
-    "jaxcraft_norm_bwd_kernel", target="jaxcraft_norm_bwd",
+    "jaxcraft_norm_bwd_kernel", target=_ffi.NORM_BWD,
     abstract_eval=_bwd_kernel_abstract, reference=_bwd_kernel_reference,
     ffi_attrs=lambda *, rms, implementation, **_: dict(rms=rms))
 
@@ -337,7 +339,14 @@ def _norm(x, residual, scale, bias, cfg: _Fwd):
 
 def _norm_fwd(x, residual, scale, bias, cfg: _Fwd):
   present = [a for a in (x, residual, scale, bias) if a is not None]
-  outs = list(_fwd_p.bind(*present, cfg=cfg))
+  outs = _fwd_p.bind(*present, cfg=cfg)
+  # Named for jax.checkpoint policies (jaxcraft.remat). The statistics alone
+  # would not spare a rerun of the forward kernel: the next layer's backward
+  # (a matmul's weight gradient) reads y (and the fused add's h), which only
+  # the kernel computes, so those are named too.
+  n_out = 1 + cfg.has_residual
+  outs = (checkpoint_name(list(outs[:n_out]), remat.NORM_OUT)
+          + checkpoint_name(list(outs[n_out:]), remat.NORM_STATS))
   y = outs.pop(0)
   h = outs.pop(0) if cfg.has_residual else x
   mean = None if cfg.rms else outs.pop(0)
