@@ -35,6 +35,16 @@ def attention_table(rows):
   return "\n".join(out)
 
 
+def train_table(rows):
+  out = ["| model | variant | step ms | tokens/s | TFLOP/s | peak GiB | loss |",
+         "|---|---|---|---|---|---|---|"]
+  for r in rows:
+    peak = "-" if r["peak_gib"] is None else f"{r['peak_gib']:.1f}"
+    out.append(f"| {r['shape']} | {r['impl']} | {r['ms']:.1f} | {r['tokens_per_s']:.0f} | "
+               f"{r['tflops']:.0f} | {peak} | {r['loss']:.3f} |")
+  return "\n".join(out)
+
+
 def main():
   for path in sys.argv[1:]:
     results = json.load(open(path))
@@ -45,6 +55,8 @@ def main():
       print(norm_table(results["norm"]) + "\n")
     if "attention" in results:
       print(attention_table(results["attention"]) + "\n")
+    if "train" in results:
+      print(train_table(results["train"]) + "\n")
 
 
 if __name__ == "__main__":

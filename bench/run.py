@@ -17,14 +17,20 @@ import jax  # noqa: E402
 
 import timing  # noqa: E402
 
+MODULES = {"train": "train_step"}  # op -> bench module, where the names differ
+
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__)
-  parser.add_argument("--ops", default="norm", help="comma-separated: norm, attention")
+  parser.add_argument("--ops", default="norm", help="comma-separated: norm, attention, train")
   parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "out"))
   args = parser.parse_args()
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
+  if "train" in args.ops.split(","):
+    # The train benchmark runs in child processes; they need the device memory this process
+    # would otherwise reserve (read when the backend starts, at jax.devices() below).
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
   device = jax.devices()[0]
   bandwidth = timing.copy_bandwidth()
@@ -34,7 +40,7 @@ def main():
         f"copy bandwidth {meta['copy_gbps']:.0f} GB/s", flush=True)
   results = dict(meta=meta)
   for op in args.ops.split(","):
-    module = __import__(op)
+    module = __import__(MODULES.get(op, op))
     print(f"== {op}", flush=True)
     results[op] = module.run(bandwidth)
   (out / "results.json").write_text(json.dumps(results, indent=1))

@@ -65,3 +65,46 @@ class AttentionSpec:
 
 ATTENTION_SPECS = [AttentionSpec(d, s, c) for d in (64, 128, 256) for s in (512, 2048, 8192)
                    for c in (False, True)]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSpec:
+  """One training step of jaxcraft/examples/gpt.py's GPT: bf16 activations, float32
+  parameters and Adam state, causal attention, SwiGLU MLP, tied output head."""
+  layers: int = 12
+  d_model: int = 1024
+  heads: int = 16
+  seqlen: int = 2048
+  batch: int = 8
+  vocab: int = 32768
+  mlp_hidden: int = 2816  # SwiGLU at ~8/3 d_model costs what a 4 d_model GELU MLP does
+
+  @property
+  def name(self) -> str:
+    return f"L{self.layers} d{self.d_model} S{self.seqlen} B{self.batch}"
+
+  @property
+  def tokens(self) -> int:
+    return self.batch * self.seqlen
+
+  def matmul_params(self) -> int:
+    """Weights each token is multiplied by: per layer query, key, value, out (4 d^2) and the
+    MLP's wi and wo (3 d f); the output head (d V)."""
+    d = self.d_model
+    return self.layers * (4 * d * d + 3 * d * self.mlp_hidden) + d * self.vocab
+
+  def flops(self) -> float:
+    """Model FLOPs of a step: 6 per weight and token (2 forward, 4 backward), plus causal
+    attention's two S x S matmuls, 2 B S^2 d forward per layer (half of 4 B S^2 d), x3 with
+    the backward."""
+    attention = 3 * self.layers * 2.0 * self.batch * self.seqlen ** 2 * self.d_model
+    return 6.0 * self.matmul_params() * self.tokens + attention
+
+
+TRAIN_SPECS = {
+    "full": TrainSpec(),
+    "quick": TrainSpec(layers=4),  # JAXCRAFT_BENCH_QUICK=1 (short device leases)
+    # A CPU smoke check: the plumbing runs; the numbers mean nothing.
+    "smoke": TrainSpec(layers=2, d_model=128, heads=4, seqlen=128, batch=2, vocab=256,
+                       mlp_hidden=384),
+}
