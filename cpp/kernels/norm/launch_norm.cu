@@ -2,7 +2,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <initializer_list>
 
 #include "kernels/norm/launch.h"
 #include "kernels/norm/norm_rows_kernel.cuh"
@@ -12,21 +15,26 @@ namespace jaxcraft {
 namespace {
 
 using norm::block_threads;
+using norm::kMaxSplit;
 using norm::Vec;
 
-// A register-resident configuration: kGroup threads per row, kVecs vectors each.
+// A register-resident configuration: kGroup threads per row, kVecs vectors
+// each, the row split over kSplit CTAs (a thread-block cluster when > 1).
 struct RowsConfig {
   int group = 0;  // 0: use the streaming kernel
   int vecs = 0;
+  int split = 1;
 };
 
-// Register budget: 64K registers per SM. The forward holds one float per
-// element (kVecs * kN <= 32 at 1024 threads fits in 64 regs/thread). The
-// backward holds dy, xhat, dscale and dbias per element, so it stops at 16
-// elements per thread and at 512 threads (96 regs/thread * 512 fits).
-// Row widths past these limits, or not a multiple of the vector width, take
-// the streaming kernel.
-RowsConfig pick_rows_config(int64_t vectors, bool backward) {
+// Register budget: 64K registers per SM. The forward holds kVecs <= 4
+// 16-byte vectors of the row per thread (fits 64 regs/thread at 1024
+// threads). The backward holds dy, xhat, dscale and dbias per element, so it stops at 16
+// elements per thread and at 512 threads (~120 regs/thread * 512 fits).
+// Wider rows split over a thread-block cluster where the device has clusters
+// (sm_90+): the same registers per thread, kSplit times the row, at the cost
+// of one cluster barrier per row statistic. Row widths past these limits, or
+// not a multiple of the vector width, take the streaming kernel.
+RowsConfig pick_rows_config(int64_t vectors, bool backward, bool clusters) {
   if (vectors <= 32) return {32, 1};
   if (vectors <= 64) return {32, 2};
   if (backward) {
@@ -34,16 +42,32 @@ RowsConfig pick_rows_config(int64_t vectors, bool backward) {
     if (vectors <= 256) return {128, 2};
     if (vectors <= 512) return {256, 2};
     if (vectors <= 1024) return {512, 2};
+    // 512 x 2 vectors per CTA, 2-8 CTAs per row: the fewest CTAs per cluster
+    // barrier. On H100 at 4096 x 32768 bf16: 58% of copy bandwidth, as fast
+    // as 8 x 256 x 2 (two CTAs per SM); the streaming kernel reached 10-13%.
+    for (int split = 2; clusters && split <= kMaxSplit; split *= 2)
+      if (vectors <= int64_t(split) * 512 * 2) return {512, 2, split};
     return {};
   }
   if (vectors <= 128) return {32, 4};
   if (vectors <= 256) return {64, 4};
   if (vectors <= 512) return {128, 4};
   if (vectors <= 1024) return {256, 4};
+  // One block per row while the row fits: the forward's two row statistics
+  // each cost a cluster barrier, which measured slower on H100 (55-60% of copy
+  // bandwidth at 16K-32K bf16 columns) than 512 or 1024 threads per row
+  // (75-90%).
   if (vectors <= 2048) return {512, 4};
   if (vectors <= 4096) return {1024, 4};
+  // Wider: 8 CTAs of 256 x 4 vectors. bf16 needs ~69 registers/thread here
+  // (3 such CTAs per SM); 512- or 1024-thread CTAs would spill at 64.
+  if (clusters && vectors <= kMaxSplit * 256 * 4) return {256, 4, kMaxSplit};
   return {};
 }
+
+// One switch case per configuration (vecs < 8, split < 16).
+constexpr int config_key(int group, int vecs, int split) { return (group * 8 + vecs) * 16 + split; }
+constexpr int config_key(const RowsConfig& c) { return config_key(c.group, c.vecs, c.split); }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -55,68 +79,134 @@ bool can_vectorize(int64_t cols, std::initializer_list<const void*> ptrs) {
   return true;
 }
 
+// Cluster kernels run only where the device is sm_90+ and the image the
+// runtime loaded for it was compiled for sm_90+ (a newer GPU may JIT the
+// sm_80 PTX instead, in which the cluster kernels are empty). Asked once per
+// device (devices past kMaxDevices: every launch); neither query synchronizes.
+constexpr int kClusterMajor = 9;
+constexpr int kMaxDevices = 64;
+
+cudaError_t has_clusters(bool* result) {
+  enum : int { kUnknown = 0, kNo, kYes };
+  static std::atomic<int> cache[kMaxDevices];  // static storage: starts at kUnknown
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  const int cached =
+      device < kMaxDevices ? cache[device].load(std::memory_order_relaxed) : int(kUnknown);
+  if (cached != kUnknown) {
+    *result = cached == kYes;
+    return cudaSuccess;
+  }
+  int major = 0;
+  err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err != cudaSuccess) return err;
+  bool yes = false;
+  if (major >= kClusterMajor) {
+    cudaFuncAttributes attrs;
+    err = cudaFuncGetAttributes(&attrs, norm::norm_fwd_rows_kernel<float, 256, 4, kMaxSplit>);
+    if (err != cudaSuccess) return err;
+    yes = attrs.ptxVersion >= kClusterMajor * 10;
+  }
+  if (device < kMaxDevices) cache[device].store(yes ? kYes : kNo, std::memory_order_relaxed);
+  *result = yes;
+  return cudaSuccess;
+}
+
 // Enough resident rows for the whole GPU without a giant grid: grid-stride
 // loops cover the rest.
 constexpr int64_t kMaxGrid = 1 << 16;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-template <typename T, int kGroup, int kVecs>
-void launch_fwd_rows(const NormFwdParams& p, cudaStream_t stream) {
-  constexpr int kThreads = block_threads<kGroup>();
-  const int64_t grid = std::min(kMaxGrid, ceil_div(p.rows, kThreads / kGroup));
-  norm::norm_fwd_rows_kernel<T, kGroup, kVecs><<<grid, kThreads, 0, stream>>>(p);
+// Launches `clusters` clusters of kSplit consecutive blocks (plain blocks when
+// kSplit == 1).
+template <int kSplit, typename Params>
+cudaError_t launch(void (*kernel)(Params), int64_t clusters, int threads, size_t smem,
+                   cudaStream_t stream, const Params& p) {
+  cudaLaunchAttribute cluster_dim;
+  cluster_dim.id = cudaLaunchAttributeClusterDimension;
+  cluster_dim.val.clusterDim.x = kSplit;
+  cluster_dim.val.clusterDim.y = 1;
+  cluster_dim.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(clusters * kSplit));
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = &cluster_dim;
+  config.numAttrs = kSplit > 1 ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, p);
 }
 
-template <typename T, int kGroup, int kVecs>
+template <typename T, int kGroup, int kVecs, int kSplit>
+cudaError_t launch_fwd_rows(const NormFwdParams& p, cudaStream_t stream) {
+  constexpr int kThreads = block_threads<kGroup>();
+  const int64_t clusters = std::min(kMaxGrid, ceil_div(p.rows, kThreads / kGroup));
+  return launch<kSplit>(norm::norm_fwd_rows_kernel<T, kGroup, kVecs, kSplit>, clusters, kThreads,
+                        0, stream, p);
+}
+
+// One cluster (a block when kSplit == 1) per partial row of dscale/dbias.
+template <typename T, int kGroup, int kVecs, int kSplit>
 cudaError_t launch_bwd_rows(const NormBwdParams& p, cudaStream_t stream) {
   constexpr int kThreads = block_threads<kGroup>();
   constexpr int kRowsPerBlock = kThreads / kGroup;
   constexpr size_t kFoldBytes =
       kRowsPerBlock > 1 ? sizeof(float) * kRowsPerBlock * kGroup * kVecs * Vec<T>::kN : 0;
-  norm::norm_bwd_rows_kernel<T, kGroup, kVecs><<<p.num_partials, kThreads, kFoldBytes, stream>>>(p);
-  return cudaSuccess;
+  return launch<kSplit>(norm::norm_bwd_rows_kernel<T, kGroup, kVecs, kSplit>, p.num_partials,
+                        kThreads, kFoldBytes, stream, p);
 }
 
 template <typename T>
 cudaError_t fwd_typed(const NormFwdParams& p, cudaStream_t stream) {
+  bool clusters = false;
+  cudaError_t err = has_clusters(&clusters);
+  if (err != cudaSuccess) return err;
   const RowsConfig cfg = can_vectorize<T>(p.cols, {p.x, p.residual, p.y, p.h_out, p.scale, p.bias})
-                             ? pick_rows_config(p.cols / Vec<T>::kN, false)
+                             ? pick_rows_config(p.cols / Vec<T>::kN, false, clusters)
                              : RowsConfig{};
-  switch (cfg.group * 8 + cfg.vecs) {
-    case 32 * 8 + 1: launch_fwd_rows<T, 32, 1>(p, stream); break;
-    case 32 * 8 + 2: launch_fwd_rows<T, 32, 2>(p, stream); break;
-    case 32 * 8 + 4: launch_fwd_rows<T, 32, 4>(p, stream); break;
-    case 64 * 8 + 4: launch_fwd_rows<T, 64, 4>(p, stream); break;
-    case 128 * 8 + 4: launch_fwd_rows<T, 128, 4>(p, stream); break;
-    case 256 * 8 + 4: launch_fwd_rows<T, 256, 4>(p, stream); break;
-    case 512 * 8 + 4: launch_fwd_rows<T, 512, 4>(p, stream); break;
-    case 1024 * 8 + 4: launch_fwd_rows<T, 1024, 4>(p, stream); break;
+  switch (config_key(cfg)) {
+    case config_key(32, 1, 1): err = launch_fwd_rows<T, 32, 1, 1>(p, stream); break;
+    case config_key(32, 2, 1): err = launch_fwd_rows<T, 32, 2, 1>(p, stream); break;
+    case config_key(32, 4, 1): err = launch_fwd_rows<T, 32, 4, 1>(p, stream); break;
+    case config_key(64, 4, 1): err = launch_fwd_rows<T, 64, 4, 1>(p, stream); break;
+    case config_key(128, 4, 1): err = launch_fwd_rows<T, 128, 4, 1>(p, stream); break;
+    case config_key(256, 4, 1): err = launch_fwd_rows<T, 256, 4, 1>(p, stream); break;
+    case config_key(512, 4, 1): err = launch_fwd_rows<T, 512, 4, 1>(p, stream); break;
+    case config_key(1024, 4, 1): err = launch_fwd_rows<T, 1024, 4, 1>(p, stream); break;
+    case config_key(256, 4, 8): err = launch_fwd_rows<T, 256, 4, 8>(p, stream); break;
     default:
       norm::norm_fwd_stream_kernel<T>
           <<<std::min(kMaxGrid, p.rows), norm::kStreamBlock, 0, stream>>>(p);
   }
-  return cudaGetLastError();
+  return err != cudaSuccess ? err : cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t bwd_typed(const NormBwdParams& p, cudaStream_t stream) {
+  bool clusters = false;
+  cudaError_t err = has_clusters(&clusters);
+  if (err != cudaSuccess) return err;
   const RowsConfig cfg =
       can_vectorize<T>(p.cols, {p.dy, p.h, p.dh_extra, p.dh, p.scale, p.dscale_partial,
                                 p.dbias_partial})
-          ? pick_rows_config(p.cols / Vec<T>::kN, true)
+          ? pick_rows_config(p.cols / Vec<T>::kN, true, clusters)
           : RowsConfig{};
-  switch (cfg.group * 8 + cfg.vecs) {
-    case 32 * 8 + 1: launch_bwd_rows<T, 32, 1>(p, stream); break;
-    case 32 * 8 + 2: launch_bwd_rows<T, 32, 2>(p, stream); break;
-    case 64 * 8 + 2: launch_bwd_rows<T, 64, 2>(p, stream); break;
-    case 128 * 8 + 2: launch_bwd_rows<T, 128, 2>(p, stream); break;
-    case 256 * 8 + 2: launch_bwd_rows<T, 256, 2>(p, stream); break;
-    case 512 * 8 + 2: launch_bwd_rows<T, 512, 2>(p, stream); break;
+  switch (config_key(cfg)) {
+    case config_key(32, 1, 1): err = launch_bwd_rows<T, 32, 1, 1>(p, stream); break;
+    case config_key(32, 2, 1): err = launch_bwd_rows<T, 32, 2, 1>(p, stream); break;
+    case config_key(64, 2, 1): err = launch_bwd_rows<T, 64, 2, 1>(p, stream); break;
+    case config_key(128, 2, 1): err = launch_bwd_rows<T, 128, 2, 1>(p, stream); break;
+    case config_key(256, 2, 1): err = launch_bwd_rows<T, 256, 2, 1>(p, stream); break;
+    case config_key(512, 2, 1): err = launch_bwd_rows<T, 512, 2, 1>(p, stream); break;
+    case config_key(512, 2, 2): err = launch_bwd_rows<T, 512, 2, 2>(p, stream); break;
+    case config_key(512, 2, 4): err = launch_bwd_rows<T, 512, 2, 4>(p, stream); break;
+    case config_key(512, 2, 8): err = launch_bwd_rows<T, 512, 2, 8>(p, stream); break;
     default:
       norm::norm_bwd_stream_kernel<T><<<p.num_partials, norm::kStreamBlock, 0, stream>>>(p);
   }
-  return cudaGetLastError();
+  return err != cudaSuccess ? err : cudaGetLastError();
 }
 
 }  // namespace

@@ -1,91 +1,134 @@
 // Layer norm / RMS norm with the row held in registers: kGroup threads share a
 // row, each holding kVecs 16-byte vectors, so x is read once and y written
-// once. Requires cols % Vec<T>::kN == 0 and cols <= kGroup * kVecs * kN.
+// once. With kSplit > 1 (sm_90+, launched as clusters of kSplit CTAs) CTA r of
+// a cluster holds the r-th slice of the row, so a row kSplit times wider fits
+// in the same registers per thread; row statistics meet in distributed shared
+// memory (RowSum). Requires cols % Vec<T>::kN == 0 and
+// cols <= kSplit * kGroup * kVecs * Vec<T>::kN.
 #pragma once
 #include "kernels/norm/norm_common.cuh"
+#include "kernels/norm/norm_row_sum.cuh"
 #include "kernels/norm/params.h"
 
 namespace jaxcraft {
 namespace norm {
 
-// Threads per block: small groups pack several rows into one block so that a
-// block keeps >= 8 warps of loads in flight.
-constexpr int kMinBlock = 256;
+// The columns one thread holds: this CTA's slice of the row is a run of
+// vectors, and vector i of thread `lane` is vector lane + i * kGroup of the
+// slice (consecutive lanes read consecutive 16-byte vectors: coalesced).
+template <int kGroup, int kN>
+struct ThreadColumns {
+  int64_t col0;  // the column of this thread's vector 0
+  int left;      // vectors of the slice from that one on (<= 0: none)
+  __device__ bool owns(int i) const { return i * kGroup < left; }
+  __device__ int64_t col(int i) const { return col0 + int64_t(i) * kGroup * kN; }
+};
 
-template <int kGroup>
-constexpr int block_threads() { return kGroup > kMinBlock ? kGroup : kMinBlock; }
+// Balanced slices: no CTA of the cluster holds more than ceil(vectors / kSplit).
+template <int kGroup, int kSplit, int kN>
+__device__ __forceinline__ ThreadColumns<kGroup, kN> thread_columns(int64_t cols, int lane) {
+  const int64_t vectors = cols / kN;
+  const int64_t slice = (vectors + kSplit - 1) / kSplit;
+  const int64_t first = cluster_rank<kSplit>() * slice + lane;
+  const int64_t end = first - lane + slice < vectors ? first - lane + slice : vectors;
+  return {first * kN, static_cast<int>(end - first)};
+}
 
-template <typename T, int kGroup, int kVecs>
-__global__ void __launch_bounds__(block_threads<kGroup>())
-norm_fwd_rows_kernel(NormFwdParams p) {
+// Thread 0 asks L2 for this block's share of rows [row, row + kRowsPerBlock)
+// of t: whole rows, or with a cluster this CTA's slice (thread 0 holds the
+// slice's first vector, and `left` counts the slice).
+template <int kRowsPerBlock, typename T, int kGroup, int kN>
+__device__ __forceinline__ void prefetch_rows(const T* t, int64_t row, int64_t rows, int64_t cols,
+                                              const ThreadColumns<kGroup, kN>& own) {
+  if (threadIdx.x != 0 || row >= rows || own.left <= 0) return;
+  const int64_t n = rows - row < kRowsPerBlock ? rows - row : kRowsPerBlock;
+  prefetch_l2(t + row * cols + own.col0,
+              (n - 1) * cols * int64_t(sizeof(T)) + own.left * int64_t(sizeof(Vec<T>)));
+}
+
+// Clusters of a 1-D launch are runs of kSplit consecutive blocks: cluster
+// blockIdx.x / kSplit walks rows (or owns a partial row) as one block would.
+template <int kSplit>
+__device__ __forceinline__ int64_t cluster_index() { return blockIdx.x / kSplit; }
+
+template <int kSplit>
+__device__ __forceinline__ int64_t num_clusters() { return gridDim.x / kSplit; }
+
+template <typename T, int kGroup, int kVecs, int kSplit>
+__device__ __forceinline__ void fwd_rows(const NormFwdParams& p) {
   constexpr int kN = Vec<T>::kN;
   constexpr int kRowsPerBlock = block_threads<kGroup>() / kGroup;
-  constexpr int kScratch = kGroup > kWarp ? block_threads<kGroup>() / kWarp : 1;
-  __shared__ float sum_scratch[kScratch], sq_scratch[kScratch];
+  using Sum = RowSum<kGroup, kSplit, 1>;
+  __shared__ typename Sum::Shared sum_smem;
+  Sum row_sum(sum_smem);
 
   const int lane = threadIdx.x % kGroup;
   const int group = threadIdx.x / kGroup;
+  const bool stats_writer = lane == 0 && cluster_rank<kSplit>() == 0;
+  const ThreadColumns<kGroup, kN> cols = thread_columns<kGroup, kSplit, kN>(p.cols, lane);
   const int64_t C = p.cols;
   const T* x = static_cast<const T*>(p.x);
   const T* res = static_cast<const T*>(p.residual);
   T* y = static_cast<T*>(p.y);
   T* h_out = static_cast<T*>(p.h_out);
 
-  // The loop bound is uniform across the block: group_sum synchronizes.
-  for (int64_t base = int64_t(blockIdx.x) * kRowsPerBlock; base < p.rows;
-       base += int64_t(gridDim.x) * kRowsPerBlock) {
+  // The loop bound is uniform across the block (and the cluster): row_sum
+  // synchronizes.
+  const int64_t first_row = cluster_index<kSplit>() * kRowsPerBlock;
+  const int64_t row_stride = num_clusters<kSplit>() * kRowsPerBlock;
+  for (int64_t base = first_row; base < p.rows; base += row_stride) {
     const int64_t row = base + group;
     const bool row_ok = row < p.rows;
-    float v[kVecs][kN];
+    // h in its own dtype (exact: the residual add rounds to T), converted on
+    // use: f16 rows take half the registers of float (ptxas keeps bf16's
+    // shift-only conversions live instead, as if held in float).
+    Vec<T> v[kVecs];
     float sum = 0.f;
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
-      const int64_t col = int64_t(lane + i * kGroup) * kN;
-      if (row_ok && col < C) {
-        const int64_t off = row * C + col;
-        load_f32(x + off, v[i]);
+      if (row_ok && cols.owns(i)) {
+        const int64_t off = row * C + cols.col(i);
+        v[i] = load_vec(x + off);
         if (res) {
-          float r[kN];
-          load_f32(res + off, r);
+          const Vec<T> r = load_vec(res + off);
 #pragma unroll
-          for (int j = 0; j < kN; ++j) v[i][j] = round_to<T>(v[i][j] + r[j]);
-          store_f32(h_out + off, v[i]);
+          for (int j = 0; j < kN; ++j) v[i].v[j] = from_f32<T>(to_f32(v[i].v[j]) + to_f32(r.v[j]));
+          store_vec(h_out + off, v[i]);
         }
 #pragma unroll
-        for (int j = 0; j < kN; ++j) sum += v[i][j];
-      } else {
-#pragma unroll
-        for (int j = 0; j < kN; ++j) v[i][j] = 0.f;
+        for (int j = 0; j < kN; ++j) sum += to_f32(v[i].v[j]);
       }
     }
+    // The block's next rows stream into L2 while this one crosses the barriers.
+    prefetch_rows<kRowsPerBlock>(x, base + row_stride, p.rows, C, cols);
+    if (res) prefetch_rows<kRowsPerBlock>(res, base + row_stride, p.rows, C, cols);
     const float inv_c = 1.f / float(C);
-    const float mean = p.rms ? 0.f : group_sum<kGroup>(sum, sum_scratch) * inv_c;
+    const float mean = p.rms ? 0.f : row_sum(sum) * inv_c;
     // Two-pass variance over the registers: no cancellation for large means.
     float sq = 0.f;
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
-      const int64_t col = int64_t(lane + i * kGroup) * kN;
-      if (row_ok && col < C) {
+      if (row_ok && cols.owns(i)) {
 #pragma unroll
         for (int j = 0; j < kN; ++j) {
-          const float d = v[i][j] - mean;
+          const float d = to_f32(v[i].v[j]) - mean;
           sq += d * d;
         }
       }
     }
-    const float rstd = rsqrtf(group_sum<kGroup>(sq, sq_scratch) * inv_c + p.epsilon);
+    const float rstd = rsqrtf(row_sum(sq) * inv_c + p.epsilon);
     if (row_ok) {
-      if (lane == 0) {
+      if (stats_writer) {
         if (p.mean) p.mean[row] = mean;
         p.rstd[row] = rstd;
       }
 #pragma unroll
       for (int i = 0; i < kVecs; ++i) {
-        const int64_t col = int64_t(lane + i * kGroup) * kN;
-        if (col < C) {
+        if (cols.owns(i)) {
+          const int64_t col = cols.col(i);
           float out[kN];
 #pragma unroll
-          for (int j = 0; j < kN; ++j) out[j] = (v[i][j] - mean) * rstd;
+          for (int j = 0; j < kN; ++j) out[j] = (to_f32(v[i].v[j]) - mean) * rstd;
           if (p.scale) {
             float s[kN];
             load_params(p.scale + col, s);
@@ -102,26 +145,28 @@ norm_fwd_rows_kernel(NormFwdParams p) {
         }
       }
     }
-    __syncthreads();  // scratch is reused by the next row
   }
 }
 
-// Backward. Block b owns partial row b of dscale/dbias: its groups walk rows
-// b*R + g, b*R + g + gridDim*R, ...; per-thread column sums stay in registers
-// and are folded across the block's groups through shared memory at the end
+// Backward. Cluster c (a block when kSplit == 1) owns partial row c of
+// dscale/dbias: its groups walk rows c*R + g, c*R + g + clusters*R, ...;
+// per-thread column sums stay in registers, each CTA over its own slice, and
+// are folded across the block's groups through shared memory at the end
 // (fixed order: deterministic).
-template <typename T, int kGroup, int kVecs>
-__global__ void __launch_bounds__(block_threads<kGroup>())
-norm_bwd_rows_kernel(NormBwdParams p) {
+template <typename T, int kGroup, int kVecs, int kSplit>
+__device__ __forceinline__ void bwd_rows(const NormBwdParams& p) {
   constexpr int kN = Vec<T>::kN;
   constexpr int kRowsPerBlock = block_threads<kGroup>() / kGroup;
-  constexpr int kScratch = kGroup > kWarp ? block_threads<kGroup>() / kWarp : 1;
   constexpr int kRowCapacity = kGroup * kVecs * kN;
-  __shared__ float g_scratch[kScratch], gx_scratch[kScratch];
+  // Row sums of g = dy * scale and of g * xhat, reduced together.
+  using Sum = RowSum<kGroup, kSplit, 2>;
+  __shared__ typename Sum::Shared sum_smem;
+  Sum row_sum(sum_smem);
   extern __shared__ float fold[];  // [kRowsPerBlock][kRowCapacity] when kRowsPerBlock > 1
 
   const int lane = threadIdx.x % kGroup;
   const int group = threadIdx.x / kGroup;
+  const ThreadColumns<kGroup, kN> cols = thread_columns<kGroup, kSplit, kN>(p.cols, lane);
   const int64_t C = p.cols;
   const T* dy = static_cast<const T*>(p.dy);
   const T* h = static_cast<const T*>(p.h);
@@ -134,18 +179,19 @@ norm_bwd_rows_kernel(NormBwdParams p) {
 #pragma unroll
     for (int j = 0; j < kN; ++j) dscale[i][j] = dbias[i][j] = 0.f;
 
-  for (int64_t base = int64_t(blockIdx.x) * kRowsPerBlock; base < p.rows;
-       base += int64_t(gridDim.x) * kRowsPerBlock) {
+  const int64_t first_row = cluster_index<kSplit>() * kRowsPerBlock;
+  const int64_t row_stride = num_clusters<kSplit>() * kRowsPerBlock;
+  for (int64_t base = first_row; base < p.rows; base += row_stride) {
     const int64_t row = base + group;
     const bool row_ok = row < p.rows;
     const float mean = (row_ok && p.mean) ? p.mean[row] : 0.f;
     const float rstd = row_ok ? p.rstd[row] : 0.f;
     float dyv[kVecs][kN], xhat[kVecs][kN];
-    float sum_g = 0.f, sum_gx = 0.f;
+    float sums[2] = {0.f, 0.f};  // g, g * xhat
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
-      const int64_t col = int64_t(lane + i * kGroup) * kN;
-      if (row_ok && col < C) {
+      if (row_ok && cols.owns(i)) {
+        const int64_t col = cols.col(i);
         const int64_t off = row * C + col;
         load_f32(dy + off, dyv[i]);
         load_f32(h + off, xhat[i]);
@@ -155,8 +201,8 @@ norm_bwd_rows_kernel(NormBwdParams p) {
         for (int j = 0; j < kN; ++j) {
           xhat[i][j] = (xhat[i][j] - mean) * rstd;
           const float g = p.scale ? dyv[i][j] * s[j] : dyv[i][j];
-          sum_g += g;
-          sum_gx += g * xhat[i][j];
+          sums[0] += g;
+          sums[1] += g * xhat[i][j];
           dscale[i][j] += dyv[i][j] * xhat[i][j];
           dbias[i][j] += dyv[i][j];
         }
@@ -165,14 +211,20 @@ norm_bwd_rows_kernel(NormBwdParams p) {
         for (int j = 0; j < kN; ++j) dyv[i][j] = xhat[i][j] = 0.f;
       }
     }
+    // The block's next rows stream into L2 while this row's sums cross the
+    // barrier(s) and its dh is written: their loads then wait on L2, not HBM.
+    prefetch_rows<kRowsPerBlock>(dy, base + row_stride, p.rows, C, cols);
+    prefetch_rows<kRowsPerBlock>(h, base + row_stride, p.rows, C, cols);
+    if (dh_extra) prefetch_rows<kRowsPerBlock>(dh_extra, base + row_stride, p.rows, C, cols);
+    row_sum(sums);
     const float inv_c = 1.f / float(C);
-    const float mean_g = p.rms ? 0.f : group_sum<kGroup>(sum_g, g_scratch) * inv_c;
-    const float mean_gx = group_sum<kGroup>(sum_gx, gx_scratch) * inv_c;
+    const float mean_g = p.rms ? 0.f : sums[0] * inv_c;
+    const float mean_gx = sums[1] * inv_c;
     if (row_ok) {
 #pragma unroll
       for (int i = 0; i < kVecs; ++i) {
-        const int64_t col = int64_t(lane + i * kGroup) * kN;
-        if (col < C) {
+        if (cols.owns(i)) {
+          const int64_t col = cols.col(i);
           const int64_t off = row * C + col;
           float s[kN], extra[kN], out[kN];
           if (p.scale) load_params(p.scale + col, s);
@@ -187,7 +239,6 @@ norm_bwd_rows_kernel(NormBwdParams p) {
         }
       }
     }
-    __syncthreads();
   }
 
   if (!p.dscale_partial && !p.dbias_partial) return;
@@ -197,12 +248,12 @@ norm_bwd_rows_kernel(NormBwdParams p) {
     float* out = outs[which];
     if (!out) continue;
     float(&acc)[kVecs][kN] = which == 0 ? dscale : dbias;
-    out += int64_t(blockIdx.x) * C;
+    out += cluster_index<kSplit>() * C;
     if constexpr (kRowsPerBlock == 1) {
 #pragma unroll
       for (int i = 0; i < kVecs; ++i) {
-        const int64_t col = int64_t(lane + i * kGroup) * kN;
-        if (col < C) {
+        if (cols.owns(i)) {
+          const int64_t col = cols.col(i);
 #pragma unroll
           for (int j = 0; j < kN; j += Vec<float>::kN) {
             Vec<float> chunk;
@@ -213,6 +264,7 @@ norm_bwd_rows_kernel(NormBwdParams p) {
         }
       }
     } else {
+      static_assert(kSplit == 1, "clusters split blocks that hold one row");
 #pragma unroll
       for (int i = 0; i < kVecs; ++i)
 #pragma unroll
@@ -227,6 +279,19 @@ norm_bwd_rows_kernel(NormBwdParams p) {
       __syncthreads();
     }
   }
+}
+
+// Cluster instances (kSplit > 1) compile to empty kernels below sm_90.
+template <typename T, int kGroup, int kVecs, int kSplit>
+__global__ void __launch_bounds__(block_threads<kGroup>())
+norm_fwd_rows_kernel(NormFwdParams p) {
+  if constexpr (kSplit == 1 || kClustersCompiled) fwd_rows<T, kGroup, kVecs, kSplit>(p);
+}
+
+template <typename T, int kGroup, int kVecs, int kSplit>
+__global__ void __launch_bounds__(block_threads<kGroup>())
+norm_bwd_rows_kernel(NormBwdParams p) {
+  if constexpr (kSplit == 1 || kClustersCompiled) bwd_rows<T, kGroup, kVecs, kSplit>(p);
 }
 
 }  // namespace norm

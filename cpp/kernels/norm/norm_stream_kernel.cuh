@@ -1,8 +1,8 @@
 // The general path: any cols (no alignment or size limit), scalar accesses,
 // one block per row. Forward: Welford statistics in one read of the row, then
-// a second read (mostly from L2) to write y. Backward: two reads of the row;
-// the block's dscale/dbias partial row lives in global memory that only this
-// block touches (deterministic, no atomics).
+// a second read (mostly from L2) to write y. Backward: two reads of the row
+// for dh, then a third, column tile by column tile, for the block's
+// dscale/dbias partial row (deterministic, no atomics).
 #pragma once
 #include "kernels/norm/norm_common.cuh"
 #include "kernels/norm/params.h"
@@ -102,6 +102,10 @@ __global__ void __launch_bounds__(kStreamBlock) norm_fwd_stream_kernel(NormFwdPa
   }
 }
 
+// Columns per thread in the backward's dscale/dbias pass (see below): 2 x 8
+// scalar loads in flight per thread and 16 accumulator registers.
+constexpr int kStreamTileCols = 8;
+
 template <typename T>
 __global__ void __launch_bounds__(kStreamBlock) norm_bwd_stream_kernel(NormBwdParams p) {
   const int64_t C = p.cols;
@@ -110,12 +114,6 @@ __global__ void __launch_bounds__(kStreamBlock) norm_bwd_stream_kernel(NormBwdPa
   const T* dh_extra = static_cast<const T*>(p.dh_extra);
   T* dh = static_cast<T*>(p.dh);
   __shared__ float g_scratch[kStreamBlock / kWarp], gx_scratch[kStreamBlock / kWarp];
-  float* dscale = p.dscale_partial ? p.dscale_partial + int64_t(blockIdx.x) * C : nullptr;
-  float* dbias = p.dbias_partial ? p.dbias_partial + int64_t(blockIdx.x) * C : nullptr;
-  for (int64_t c = threadIdx.x; c < C; c += kStreamBlock) {
-    if (dscale) dscale[c] = 0.f;
-    if (dbias) dbias[c] = 0.f;
-  }
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const int64_t base = row * C;
     const float mean = p.mean ? p.mean[row] : 0.f;
@@ -127,9 +125,6 @@ __global__ void __launch_bounds__(kStreamBlock) norm_bwd_stream_kernel(NormBwdPa
       const float g = p.scale ? dyv * p.scale[c] : dyv;
       sum_g += g;
       sum_gx += g * xhat;
-      // Each column of the partial row is owned by one thread: no race.
-      if (dscale) dscale[c] += dyv * xhat;
-      if (dbias) dbias[c] += dyv;
     }
     const float mean_g = p.rms ? 0.f : block_sum(sum_g, g_scratch) / float(C);
     const float mean_gx = block_sum(sum_gx, gx_scratch) / float(C);
@@ -142,6 +137,42 @@ __global__ void __launch_bounds__(kStreamBlock) norm_bwd_stream_kernel(NormBwdPa
       dh[base + c] = from_f32<T>(out);
     }
     __syncthreads();
+  }
+
+  // Partial row blockIdx.x of dscale/dbias, a tile of columns at a time: the
+  // tile's sums stay in registers while the block walks its rows once more,
+  // then are written once. That third read of dy and h costs 2 * sizeof(T)
+  // bytes per element, where a read-modify-write of the partial rows for
+  // every row cost 16.
+  if (!p.dscale_partial && !p.dbias_partial) return;
+  constexpr int64_t kTile = int64_t(kStreamBlock) * kStreamTileCols;
+  for (int64_t tile = 0; tile < C; tile += kTile) {
+    float dscale[kStreamTileCols], dbias[kStreamTileCols];
+#pragma unroll
+    for (int k = 0; k < kStreamTileCols; ++k) dscale[k] = dbias[k] = 0.f;
+    for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+      const int64_t base = row * C;
+      const float mean = p.mean ? p.mean[row] : 0.f;
+      const float rstd = p.rstd[row];
+#pragma unroll
+      for (int k = 0; k < kStreamTileCols; ++k) {
+        const int64_t c = tile + threadIdx.x + k * kStreamBlock;
+        if (c < C) {
+          const float dyv = to_f32(dy[base + c]);
+          const float xhat = (to_f32(h[base + c]) - mean) * rstd;
+          dscale[k] += dyv * xhat;
+          dbias[k] += dyv;
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kStreamTileCols; ++k) {
+      const int64_t c = tile + threadIdx.x + k * kStreamBlock;
+      if (c < C) {
+        if (p.dscale_partial) p.dscale_partial[int64_t(blockIdx.x) * C + c] = dscale[k];
+        if (p.dbias_partial) p.dbias_partial[int64_t(blockIdx.x) * C + c] = dbias[k];
+      }
+    }
   }
 }
 
