@@ -18,7 +18,9 @@ def _pallas_layer_norm():
     from jax.experimental.pallas.ops.gpu import layer_norm as pallas_ln
   except Exception:  # noqa: BLE001 - Pallas GPU ops need Triton; absent on CPU
     return None
-  return lambda x, s, b, residual=None: pallas_ln.layer_norm(x, s, b)
+  # Pallas' kernel reads rows of a [batch, seq, features] array (a 2-D x fails
+  # inside it with an IndexError): give it one batch.
+  return lambda x, s, b, residual=None: pallas_ln.layer_norm(x[None], s, b)[0]
 
 
 def _impls(kind):

@@ -11,13 +11,14 @@ def norm_table(rows):
   by = collections.defaultdict(dict)
   for r in rows:
     by[(r["op"], r["shape"])][(r["impl"], r["mode"])] = r
-  out = ["| op | T x C | jaxcraft fwd GB/s (% copy) | XLA fwd | jaxcraft fwd+bwd | XLA fwd+bwd |",
-         "|---|---|---|---|---|---|"]
+  out = ["| op | T x C | jaxcraft fwd GB/s (% copy) | XLA fwd | Pallas fwd | jaxcraft fwd+bwd "
+         "| XLA fwd+bwd | Pallas fwd+bwd |", "|---|---|---|---|---|---|---|---|"]
   for (op, shape), cells in by.items():
     cell = lambda impl, mode: (f"{cells[(impl, mode)]['gbps']:.0f} ({cells[(impl, mode)]['pct_copy']:.0f}%)"
                                if (impl, mode) in cells else "-")
-    out.append(f"| {op} | {shape} | {cell('jaxcraft', 'fwd')} | {cell('xla', 'fwd')} | "
-               f"{cell('jaxcraft', 'fwd+bwd')} | {cell('xla', 'fwd+bwd')} |")
+    out.append(f"| {op} | {shape} | " + " | ".join(
+        cell(impl, mode) for mode in ("fwd", "fwd+bwd") for impl in ("jaxcraft", "xla", "pallas"))
+        + " |")
   return "\n".join(out)
 
 

@@ -13,20 +13,13 @@
 #include <thread>
 #include <vector>
 
+#include "common/standalone_check.h"
 #include "kernels/attention/bwd_dkdv_kernel.cuh"
 #include "kernels/attention/fwd_kernel.cuh"
 #include "kernels/attention/launch.h"
 
 using jaxcraft::DType;
 
-#define CHECK(...)                                                                  \
-  do {                                                                              \
-    cudaError_t e_ = (__VA_ARGS__);                                                         \
-    if (e_ != cudaSuccess) {                                                        \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                 \
-    }                                                                               \
-  } while (0)
 
 namespace {
 

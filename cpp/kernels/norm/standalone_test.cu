@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/standalone_check.h"
 #include "kernels/norm/launch.h"
 #include "kernels/norm/norm_rows_kernel.cuh"
 
@@ -24,14 +25,6 @@ using jaxcraft::DType;
 using jaxcraft::NormBwdParams;
 using jaxcraft::NormFwdParams;
 
-#define CHECK(...)                                                                         \
-  do {                                                                                     \
-    cudaError_t e_ = (__VA_ARGS__);                                                        \
-    if (e_ != cudaSuccess) {                                                               \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
 
 namespace {
 
