@@ -168,7 +168,9 @@ def test_export_runs_in_a_fresh_process(platform, tmp_path):
   run = subprocess.run(
       [sys.executable, "-c", _FRESH_PROCESS, str(tmp_path / "step.bin"),
        str(tmp_path / "inputs.npz"), str(tmp_path / "outs.npz"), platform],
-      env=env, capture_output=True, text=True, timeout=300, check=False)
+      # cwd: from the checkout's root, `import jaxcraft` would find the source
+      # tree (no built extension) before the installed package.
+      env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
   assert run.returncode == 0, run.stderr[-3000:]
   got = np.load(tmp_path / "outs.npz")
   want = jax.tree.leaves(jax.jit(_step)(*_inputs()))
