@@ -55,9 +55,11 @@ def _fwd_bwd(fn):
 def run(bandwidth: float, specs=None):
   del bandwidth
   specs = specs or (QUICK_SPECS if os.environ.get("JAXCRAFT_BENCH_QUICK") else ATTENTION_SPECS)
-  # JAXCRAFT_BENCH_HEAD_DIMS=64,128: a part of the sweep (to fit one device call).
-  if head_dims := os.environ.get("JAXCRAFT_BENCH_HEAD_DIMS"):
-    specs = [s for s in specs if str(s.head_dim) in head_dims.split(",")]
+  # JAXCRAFT_BENCH_HEAD_DIMS=64,128 / JAXCRAFT_BENCH_SEQLENS=1024,4096: a part of
+  # the sweep (to fit one device call).
+  for var, field in (("JAXCRAFT_BENCH_HEAD_DIMS", "head_dim"), ("JAXCRAFT_BENCH_SEQLENS", "seqlen")):
+    if wanted := os.environ.get(var):
+      specs = [s for s in specs if str(getattr(s, field)) in wanted.split(",")]
   rows = []
   for spec in specs:
     shape = (spec.batch, spec.seqlen, spec.heads, spec.head_dim)

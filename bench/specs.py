@@ -63,8 +63,8 @@ class AttentionSpec:
     return 3.5 * self.fwd_flops()
 
 
-ATTENTION_SPECS = [AttentionSpec(d, s, c) for d in (64, 128, 256) for s in (512, 2048, 8192)
-                   for c in (False, True)]
+ATTENTION_SPECS = [AttentionSpec(d, s, c) for d in (64, 128, 256)
+                   for s in (512, 1024, 2048, 4096, 8192, 16384) for c in (False, True)]
 
 
 @dataclasses.dataclass(frozen=True)
