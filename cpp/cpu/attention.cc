@@ -102,6 +102,16 @@ struct Layout {
   int64_t num_k_blocks() const { return ceil_div(S, kBlockK); }
 };
 
+// Workers number their items (b * heads + head) * blocks + block (consecutive
+// items are blocks of one batch row and head); this is the inverse.
+struct WorkItem {
+  int64_t b, head, block;
+};
+
+WorkItem split_item(int64_t item, int64_t heads, int64_t blocks) {
+  return {item / (blocks * heads), (item / blocks) % heads, item % blocks};
+}
+
 // ---------------------------------------------------------------------------
 // Masking. Every bound in AttentionMask is a lower or an upper limit on the
 // key index, so the keys a row sees are one half-open interval [begin, end).
@@ -200,11 +210,8 @@ class ForwardWorker {
         q_(kBlockQ * l.H), k_(kBlockK * l.H), v_(kBlockK * l.H), acc_(kBlockQ * l.H),
         row_max_(kBlockQ), row_sum_(kBlockQ), logits_(kBlockK), row_keys_(kBlockQ) {}
 
-  // item = (b * N + n) * num_q_blocks + q_block
   void operator()(int64_t item) {
-    const int64_t q_block = item % l_.num_q_blocks();
-    const int64_t n = (item / l_.num_q_blocks()) % l_.N;
-    const int64_t b = item / (l_.num_q_blocks() * l_.N);
+    const auto [b, n, q_block] = split_item(item, l_.N, l_.num_q_blocks());
     const int64_t i0 = q_block * kBlockQ;
     const int64_t rows = std::min(kBlockQ, l_.T - i0);
 
@@ -344,9 +351,7 @@ class DkDvWorker {
         dv_(kBlockK * l_.H), q_(kBlockQ * l_.H), do_(kBlockQ * l_.H) {}
 
   void operator()(int64_t item) {
-    const int64_t kb = item % l_.num_k_blocks();
-    const int64_t kv_head = (item / l_.num_k_blocks()) % l_.K;
-    const int64_t b = item / (l_.num_k_blocks() * l_.K);
+    const auto [b, kv_head, kb] = split_item(item, l_.K, l_.num_k_blocks());
     const int64_t j0 = kb * kBlockK;
     const int64_t cols = std::min(kBlockK, l_.S - j0);
 
@@ -408,9 +413,7 @@ class DqWorker {
         k_(kBlockK * l_.H), v_(kBlockK * l_.H), row_keys_(kBlockQ) {}
 
   void operator()(int64_t item) {
-    const int64_t q_block = item % l_.num_q_blocks();
-    const int64_t n = (item / l_.num_q_blocks()) % l_.N;
-    const int64_t b = item / (l_.num_q_blocks() * l_.N);
+    const auto [b, n, q_block] = split_item(item, l_.N, l_.num_q_blocks());
     const int64_t i0 = q_block * kBlockQ;
     const int64_t rows = std::min(kBlockQ, l_.T - i0);
     const int64_t kv_head = n / l_.group;
