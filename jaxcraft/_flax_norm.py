@@ -17,11 +17,15 @@ def kernel_applies(module) -> bool:
           and module.axis_name is None)
 
 
-def check_residual_supported(module, mask) -> None:
-  """The fused residual form exists only where the kernel applies."""
-  if mask is not None or not kernel_applies(module):
+def use_kernel(module, mask, residual) -> bool:
+  """Whether a call runs the kernel (else Flax's own module). The fused
+  residual form exists only where the kernel applies: asking for it
+  elsewhere is an error, not a silent fallback."""
+  applies = mask is None and kernel_applies(module)
+  if residual is not None and not applies:
     raise ValueError("residual= needs the kernel's configuration: no mask, normalization over "
                      "the last axis only, axis_name=None")
+  return applies
 
 
 def normalize(x, scale, bias, *, dtype, epsilon: float, rms: bool, residual=None):

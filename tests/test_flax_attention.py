@@ -159,12 +159,8 @@ def test_nnx_multi_head_attention_matches_flax(platform):
 def _linen_to_nnx(params, module):
   """Copy a linen param tree into an nnx module with the same names."""
   state = nnx.state(module, nnx.Param)
-  flat = {path: leaf for path, leaf in jax.tree_util.tree_leaves_with_path(params["params"])}
-  keys = lambda path: tuple(getattr(p, "key", getattr(p, "name", None)) for p in path)
-  by_name = {keys(p): v for p, v in flat.items()}
-  new = jax.tree_util.tree_map_with_path(lambda p, _: by_name[keys(p)[:-1] if keys(p)[-1] ==
-                                                              "value" else keys(p)], state)
-  nnx.update(module, new)
+  state.replace_by_pure_dict(params["params"])
+  nnx.update(module, state)
 
 
 @pytest.mark.parametrize("activation,norm", [("swiglu", "rms"), ("gelu", "layer")])

@@ -16,9 +16,7 @@ class LayerNorm(linen.LayerNorm):
   @linen.compact
   def __call__(self, x, *, mask=None, residual=None):
     """Flax's call; `residual=r` returns (norm(x + r), x + r) from one kernel."""
-    if residual is not None:
-      _flax_norm.check_residual_supported(self, mask)
-    elif mask is not None or not _flax_norm.kernel_applies(self):
+    if not _flax_norm.use_kernel(self, mask, residual):
       return super().__call__(x, mask=mask)
     cols = x.shape[-1]
     scale = self.param("scale", self.scale_init, (cols,), self.param_dtype) if self.use_scale else None
@@ -33,9 +31,7 @@ class RMSNorm(linen.RMSNorm):
   @linen.compact
   def __call__(self, x, *, mask=None, residual=None):
     """Flax's call; `residual=r` returns (norm(x + r), x + r) from one kernel."""
-    if residual is not None:
-      _flax_norm.check_residual_supported(self, mask)
-    elif mask is not None or not _flax_norm.kernel_applies(self):
+    if not _flax_norm.use_kernel(self, mask, residual):
       return super().__call__(x, mask=mask)
     cols = x.shape[-1]
     scale = self.param("scale", self.scale_init, (cols,), self.param_dtype) if self.use_scale else None

@@ -13,9 +13,7 @@ class LayerNorm(nnx.LayerNorm):
 
   def __call__(self, x, *, mask=None, residual=None):
     """Flax's call; `residual=r` returns (norm(x + r), x + r) from one kernel."""
-    if residual is not None:
-      _flax_norm.check_residual_supported(self, mask)
-    elif mask is not None or not _flax_norm.kernel_applies(self):
+    if not _flax_norm.use_kernel(self, mask, residual):
       return super().__call__(x, mask=mask)
     scale = self.scale[...] if self.scale else None
     bias = self.bias[...] if self.bias else None
@@ -28,9 +26,7 @@ class RMSNorm(nnx.RMSNorm):
 
   def __call__(self, x, *, mask=None, residual=None):
     """Flax's call; `residual=r` returns (norm(x + r), x + r) from one kernel."""
-    if residual is not None:
-      _flax_norm.check_residual_supported(self, mask)
-    elif mask is not None or not _flax_norm.kernel_applies(self):
+    if not _flax_norm.use_kernel(self, mask, residual):
       return super().__call__(x, mask=mask)
     scale = self.scale[...] if self.scale else None
     return _flax_norm.normalize(x, scale, None, dtype=self.dtype, epsilon=self.epsilon, rms=True,
