@@ -29,6 +29,19 @@ if stage build; then
   step build python3 -m pip install --no-build-isolation --no-deps -v -e . || exit 1
   grep -E "CUDA kernels|cmake version" "$OUT/build.log" | head -3
 fi
+if stage standalone; then
+  # The attention kernels outside JAX, against a float64 CPU reference, then
+  # their timings; a second run times the portable kernels on the same GPU.
+  att=cpp/kernels/attention obj=/tmp/attn_obj
+  mkdir -p $obj
+  nvcc_attn() { nvcc -std=c++17 -O3 --expt-relaxed-constexpr -lineinfo -Icpp \
+    -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a "$@"; }
+  export -f nvcc_attn
+  step standalone_build bash -c "ls $att/*.cu $att/sm90/*.cu | xargs -P 16 -I{} bash -c \
+    'nvcc_attn -c {} -o $obj/\$(echo {} | tr / _).o' && nvcc_attn $obj/*.o -o /tmp/attn_test.bin"
+  step standalone_run /tmp/attn_test.bin ${STANDALONE_ARGS:-}
+  JAXCRAFT_ATTENTION_KERNEL=portable step standalone_portable /tmp/attn_test.bin bench
+fi
 if stage test; then
   # CI runs the CPU kernels' tests; here the CUDA ones (and the platform-free tests).
   # Autotuning the references' matmuls would dominate the suite's compile time.

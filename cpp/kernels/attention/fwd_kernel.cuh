@@ -175,25 +175,8 @@ __global__ void __launch_bounds__(Sh::kThreads) attn_fwd_kernel(const FwdArgs a)
     }
     if (partial) {
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-        // Each of the thread's two fragment rows sees one key interval, so
-        // the mask is two compares per score instead of the full predicate.
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = m0 + warp_row0 + mt * kMmaM + g + h * 8;
-          int lo, hi;
-          key_range(a.mask, row, row, lens.kv_len, &lo, &hi);
-          lo -= n0 + 2 * t;
-          hi -= n0 + 2 * t;
-#pragma unroll
-          for (int j = 0; j < Sh::kKeyTiles; ++j)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int col = j * kMmaN + e;
-              if (col < lo || col >= hi) s[mt][j][2 * h + e] = -INFINITY;
-            }
-        }
-      }
+      for (int mt = 0; mt < kMT; ++mt)
+        mask_slab(s[mt], a.mask, m0 + warp_row0 + mt * kMmaM + g, n0, t, lens.kv_len);
     }
     online_softmax(s, acc, row_max, row_sum, softmax_scale);
     // P goes to 16-bit A fragments right away: half the registers of the

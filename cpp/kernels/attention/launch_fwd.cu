@@ -1,6 +1,10 @@
 // Forward launcher: validates the contract and picks the head-dim bucket.
 #include "kernels/attention/host_args.h"
 #include "kernels/attention/launch.h"
+#include "kernels/attention/sm90/fwd_sm90.h"
+
+#include <cstdlib>
+#include <cstring>
 
 namespace jaxcraft {
 namespace {
@@ -14,6 +18,35 @@ cudaError_t fwd_for_bucket(const attn::FwdArgs& a, int bucket, cudaStream_t stre
     case 128: return attn::run_fwd<kDt, 128>(a, stream);
     case 192: return attn::run_fwd<kDt, 192>(a, stream);
     default: return attn::run_fwd<kDt, 256>(a, stream);
+  }
+}
+
+// JAXCRAFT_ATTENTION_KERNEL=portable keeps Hopper GPUs on the sm_80 kernels
+// (to test and benchmark that path where the Hopper one would run).
+bool portable_forced() {
+  static const bool forced = [] {
+    const char* v = std::getenv("JAXCRAFT_ATTENTION_KERNEL");
+    return v != nullptr && std::strcmp(v, "portable") == 0;
+  }();
+  return forced;
+}
+
+template <DType kDt, int kBucket>
+bool try_fwd_sm90_bucket(const attn::FwdArgs& a, cudaStream_t stream, cudaError_t* err) {
+  if (!attn::sm90::fwd_sm90_available<kDt, kBucket>()) return false;
+  *err = attn::sm90::run_fwd_sm90<kDt, kBucket>(a, stream);
+  return true;
+}
+
+// Runs the Hopper kernel when this device, build and bucket have one.
+template <DType kDt>
+bool try_fwd_sm90(const attn::FwdArgs& a, int bucket, cudaStream_t stream, cudaError_t* err) {
+  if (portable_forced()) return false;
+  switch (bucket) {
+    case 64: return try_fwd_sm90_bucket<kDt, 64>(a, stream, err);
+    case 128: return try_fwd_sm90_bucket<kDt, 128>(a, stream, err);
+    case 256: return try_fwd_sm90_bucket<kDt, 256>(a, stream, err);
+    default: return false;
   }
 }
 
@@ -39,6 +72,10 @@ cudaError_t launch_attention_fwd(const AttentionFwdParams& p, cudaStream_t strea
   a.o = p.o;
   a.lse = p.lse;
   const int bucket = attn::head_dim_bucket(static_cast<int>(s.head_dim));
+  cudaError_t err = cudaSuccess;
+  const bool sm90 = has_keys && (p.dtype == DType::kBF16 ? try_fwd_sm90<DType::kBF16>(a, bucket, stream, &err)
+                                                          : try_fwd_sm90<DType::kF16>(a, bucket, stream, &err));
+  if (sm90) return err;
   return p.dtype == DType::kBF16 ? fwd_for_bucket<DType::kBF16>(a, bucket, stream)
                                  : fwd_for_bucket<DType::kF16>(a, bucket, stream);
 }

@@ -2,6 +2,8 @@
 // Launchers bound every size and offset by 2^28 and windows by 2^29, so the
 // sums below stay inside int32.
 #pragma once
+#include <cmath>
+
 #include "kernels/attention/kernel_args.h"
 
 namespace jaxcraft {
@@ -54,6 +56,28 @@ __device__ __forceinline__ bool tile_is_partial(const MaskArgs& m, int r0, int r
   return c1 >= kv_len || (m.causal && c1 > r0 + m.offset) ||
          (m.window_right >= 0 && c1 > r0 + m.offset + m.window_right) ||
          (m.window_left >= 0 && c0 < r1 + m.offset - m.window_left);
+}
+
+// Sets the hidden scores of a thread's C-layout fragment slab to -inf: its
+// rows are `row` (g) and row + 8, its columns n0 + 8 j + 2 t + {0, 1}. Each
+// row sees one key interval, so the mask is two compares per score.
+template <int kKeyTiles>
+__device__ __forceinline__ void mask_slab(float (&s)[kKeyTiles][4], const MaskArgs& m, int row,
+                                          int n0, int t, int kv_len) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    int lo, hi;
+    key_range(m, row + 8 * h, row + 8 * h, kv_len, &lo, &hi);
+    lo -= n0 + 2 * t;
+    hi -= n0 + 2 * t;
+#pragma unroll
+    for (int j = 0; j < kKeyTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = j * 8 + e;
+        if (col < lo || col >= hi) s[j][2 * h + e] = -INFINITY;
+      }
+  }
 }
 
 }  // namespace attn

@@ -1,0 +1,16 @@
+// Hopper forward instances for head-dim bucket 64 (one file per bucket so the
+// heavy kernels compile in parallel).
+#include "kernels/attention/sm90/fwd_kernel.cuh"
+
+namespace jaxcraft {
+namespace attn {
+namespace sm90 {
+
+template cudaError_t run_fwd_sm90<DType::kBF16, 64>(const FwdArgs&, cudaStream_t);
+template cudaError_t run_fwd_sm90<DType::kF16, 64>(const FwdArgs&, cudaStream_t);
+template bool fwd_sm90_available<DType::kBF16, 64>();
+template bool fwd_sm90_available<DType::kF16, 64>();
+
+}  // namespace sm90
+}  // namespace attn
+}  // namespace jaxcraft

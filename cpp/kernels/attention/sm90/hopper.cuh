@@ -1,0 +1,166 @@
+// Hopper (sm_90a) device primitives for the attention kernels: mbarriers,
+// bulk tensor copies (TMA), warpgroup MMA (wgmma) and its shared-memory
+// descriptors, register reallocation. Written as inline PTX because each is
+// one instruction; the kernels only compile their bodies for sm_90a
+// (JAXCRAFT_SM90A_ENABLED), so other targets see empty stubs.
+#pragma once
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/dtype.h"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define JAXCRAFT_SM90A_ENABLED 1
+#endif
+
+namespace jaxcraft {
+namespace attn {
+namespace sm90 {
+
+// Shared tiles are [column blocks of 64][rows][64] 16-bit elements in the
+// 128-byte swizzle that TMA writes and wgmma reads: row r's 16-byte chunk c
+// sits at chunk c ^ (r % 8). Each 8-row group is one 1024-byte swizzle atom,
+// so every tile starts on a 1024-byte boundary.
+constexpr int kSwizzleCols = 64;
+constexpr int kSwizzleRowBytes = 128;
+constexpr int kSwizzleAtomBytes = 1024;
+
+template <int kRows>
+__host__ __device__ constexpr int col_block_bytes() {
+  return kRows * kSwizzleRowBytes;
+}
+
+#ifdef JAXCRAFT_SM90A_ENABLED
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+
+// Arrives once and adds `bytes` to the transaction count the phase waits for.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// Blocks until the barrier's phase with the given parity has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "wait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+// Makes mbarrier initialization visible to the async proxy (TMA) and the
+// other threads of the cluster-of-one.
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// Orders this thread's generic-proxy shared-memory writes before later
+// async-proxy (TMA store, wgmma) reads.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// 4-D tiled bulk copy global -> shared, completing on `bar`.
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                            int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+
+// 4-D tiled bulk copy shared -> global; out-of-bounds parts of the box are
+// not written.
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, uint32_t src, int c0, int c1,
+                                             int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::
+          "l"(reinterpret_cast<uint64_t>(map)),
+      "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+
+__device__ __forceinline__ void tma_store_commit_and_wait() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// Barrier among `threads` threads (a multiple of 32) on hardware barrier `id`.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Keeps the compiler from moving accesses of accumulator registers across a
+// wgmma issue or wait: the hardware writes them asynchronously.
+template <int kTiles>
+__device__ __forceinline__ void fence_operands(float (&d)[kTiles][4]) {
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
+}
+
+// Shared-memory matrix descriptor of a 128-byte-swizzled operand. K-major
+// (Q and K for S = Q K^T): consecutive 8-row groups 1024 bytes apart (the
+// stride offset); the leading offset is unused. MN-major (V for O += P V,
+// read transposed): 8-row groups along K 1024 bytes apart, 64-column blocks
+// along N `block_bytes` apart (the leading offset).
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t leading_bytes) {
+  constexpr uint64_t kSwizzle128 = 1;
+  return (uint64_t((addr & 0x3FFFF) >> 4)) | (uint64_t(leading_bytes >> 4) << 16) |
+         (uint64_t(kSwizzleAtomBytes >> 4) << 32) | (kSwizzle128 << 62);
+}
+
+// d[N/8][4] += A(64 x 16, shared, K-major) * B(N x 16, shared, K-major)^T;
+// accumulate = 0 overwrites d.
+template <DType kDt, int kN>
+__device__ void wgmma_ss(float (&d)[kN / 8][4], uint64_t a, uint64_t b, int accumulate);
+// d[N/8][4] += A(64 x 16, registers) * B(16 x N, shared, MN-major).
+template <DType kDt, int kN>
+__device__ void wgmma_rs(float (&d)[kN / 8][4], const uint32_t (&a)[4], uint64_t b);
+
+#include "kernels/attention/sm90/wgmma_ops.inc"
+
+#endif  // JAXCRAFT_SM90A_ENABLED
+
+}  // namespace sm90
+}  // namespace attn
+}  // namespace jaxcraft
