@@ -3,6 +3,7 @@
 #include "kernels/attention/bwd_small_kernels.cuh"
 #include "kernels/attention/host_args.h"
 #include "kernels/attention/launch.h"
+#include "kernels/attention/sm90/entry.h"
 
 namespace jaxcraft {
 namespace {
@@ -28,6 +29,25 @@ cudaError_t dq_for_bucket(const attn::BwdArgs& a, int bucket, cudaStream_t strea
     case 128: return attn::run_bwd_dq<kDt, 128>(a, stream);
     case 192: return attn::run_bwd_dq<kDt, 192>(a, stream);
     default: return attn::run_bwd_dq<kDt, 256>(a, stream);
+  }
+}
+
+template <DType kDt, int kBucket>
+bool try_bwd_sm90_bucket(const attn::BwdArgs& a, cudaStream_t stream, cudaError_t* err) {
+  if (!attn::sm90::bwd_sm90_available<kDt, kBucket>()) return false;
+  *err = attn::sm90::run_bwd_sm90<kDt, kBucket>(a, stream);
+  return true;
+}
+
+// dK/dV with atomic dQ on the Hopper kernel when this device, build and
+// bucket have one.
+template <DType kDt>
+bool try_bwd_sm90(const attn::BwdArgs& a, int bucket, cudaStream_t stream, cudaError_t* err) {
+  if (attn::sm90::disabled_by_env()) return false;
+  switch (bucket) {
+    case 64: return try_bwd_sm90_bucket<kDt, 64>(a, stream, err);
+    case 128: return try_bwd_sm90_bucket<kDt, 128>(a, stream, err);
+    default: return false;
   }
 }
 
@@ -60,7 +80,11 @@ cudaError_t run_bwd(const AttentionBwdParams& p, attn::BwdArgs a, cudaStream_t s
     if (err != cudaSuccess) return err;
   }
   a.dq_accum = p.deterministic ? nullptr : p.dq_accum;
-  if (has_keys && (err = dkdv_for_bucket<kDt>(a, bucket, stream)) != cudaSuccess) return err;
+  if (has_keys) {
+    const bool sm90 = !p.deterministic && has_queries && try_bwd_sm90<kDt>(a, bucket, stream, &err);
+    if (!sm90) err = dkdv_for_bucket<kDt>(a, bucket, stream);
+    if (err != cudaSuccess) return err;
+  }
   if (!has_queries) return cudaSuccess;
   if (p.deterministic) return dq_for_bucket<kDt>(a, bucket, stream);
 

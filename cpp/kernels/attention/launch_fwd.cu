@@ -1,10 +1,7 @@
 // Forward launcher: validates the contract and picks the head-dim bucket.
 #include "kernels/attention/host_args.h"
 #include "kernels/attention/launch.h"
-#include "kernels/attention/sm90/fwd_sm90.h"
-
-#include <cstdlib>
-#include <cstring>
+#include "kernels/attention/sm90/entry.h"
 
 namespace jaxcraft {
 namespace {
@@ -21,16 +18,6 @@ cudaError_t fwd_for_bucket(const attn::FwdArgs& a, int bucket, cudaStream_t stre
   }
 }
 
-// JAXCRAFT_ATTENTION_KERNEL=portable keeps Hopper GPUs on the sm_80 kernels
-// (to test and benchmark that path where the Hopper one would run).
-bool portable_forced() {
-  static const bool forced = [] {
-    const char* v = std::getenv("JAXCRAFT_ATTENTION_KERNEL");
-    return v != nullptr && std::strcmp(v, "portable") == 0;
-  }();
-  return forced;
-}
-
 template <DType kDt, int kBucket>
 bool try_fwd_sm90_bucket(const attn::FwdArgs& a, cudaStream_t stream, cudaError_t* err) {
   if (!attn::sm90::fwd_sm90_available<kDt, kBucket>()) return false;
@@ -41,7 +28,7 @@ bool try_fwd_sm90_bucket(const attn::FwdArgs& a, cudaStream_t stream, cudaError_
 // Runs the Hopper kernel when this device, build and bucket have one.
 template <DType kDt>
 bool try_fwd_sm90(const attn::FwdArgs& a, int bucket, cudaStream_t stream, cudaError_t* err) {
-  if (portable_forced()) return false;
+  if (attn::sm90::disabled_by_env()) return false;
   switch (bucket) {
     case 64: return try_fwd_sm90_bucket<kDt, 64>(a, stream, err);
     case 128: return try_fwd_sm90_bucket<kDt, 128>(a, stream, err);

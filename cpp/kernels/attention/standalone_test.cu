@@ -484,6 +484,8 @@ int main(int argc, char** argv) {
     bench(8, 2048, 2048 / H, H, false);
     bench(8, 2048, 2048 / H, H, true);
   }
+  bench(2, 8192, 16, 128, false);
+  bench(2, 8192, 16, 128, true);
   if (argc > 1 && std::string(argv[argc - 1]) == "variants") {
     using namespace jaxcraft::attn;
     FwdVariants<128, FwdShape<128>, FwdShape<128, 4, 128, 64>, FwdShape<128, 4, 64, 64>>::

@@ -13,7 +13,7 @@
 #include "kernels/attention/kernel_args.h"
 #include "kernels/attention/mask.cuh"
 #include "kernels/attention/mma_sm80.cuh"
-#include "kernels/attention/sm90/fwd_sm90.h"
+#include "kernels/attention/sm90/entry.h"
 #include "kernels/attention/sm90/hopper.cuh"
 #include "kernels/attention/sm90/tensor_map.h"
 #include "kernels/attention/softmax.cuh"
@@ -21,10 +21,6 @@
 namespace jaxcraft {
 namespace attn {
 namespace sm90 {
-
-constexpr int kWarpgroupThreads = 128;
-constexpr int kWgmmaM = 64;
-constexpr int kWgmmaK = 16;
 
 template <int kHeadDim_, int kConsumers_, int kBlockN_, int kStages_>
 struct FwdConfig {
@@ -246,20 +242,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #endif  // JAXCRAFT_SM90A_ENABLED
 }
 
-// Compute capability 9.0 exactly: the "a" features are not forward compatible.
 template <DType kDt, int kHeadDim>
 bool fwd_sm90_available() {
-  static const bool yes = [] {
-    int device = 0, major = 0, minor = 0;
-    cudaFuncAttributes attrs{};
-    return cudaGetDevice(&device) == cudaSuccess &&
-           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-           cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
-           major == 9 && minor == 0 &&
-           cudaFuncGetAttributes(&attrs, attn_fwd_sm90_kernel<kDt, typename FwdTiles<kHeadDim>::type>) ==
-               cudaSuccess &&
-           attrs.binaryVersion == 90 && encode_tiled_fn() != nullptr;
-  }();
+  static const bool yes =
+      kernel_runs_sm90a(attn_fwd_sm90_kernel<kDt, typename FwdTiles<kHeadDim>::type>) &&
+      encode_tiled_fn() != nullptr;
   return yes;
 }
 

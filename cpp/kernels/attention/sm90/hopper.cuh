@@ -19,6 +19,10 @@ namespace jaxcraft {
 namespace attn {
 namespace sm90 {
 
+constexpr int kWarpgroupThreads = 128;  // wgmma is issued by 4 consecutive warps
+constexpr int kWgmmaM = 64;             // rows of one wgmma (and of one warpgroup's tile)
+constexpr int kWgmmaK = 16;             // reduction depth of one 16-bit wgmma
+
 // Shared tiles are [column blocks of 64][rows][64] 16-bit elements in the
 // 128-byte swizzle that TMA writes and wgmma reads: row r's 16-byte chunk c
 // sits at chunk c ^ (r % 8). Each 8-row group is one 1024-byte swizzle atom,
@@ -30,6 +34,20 @@ constexpr int kSwizzleAtomBytes = 1024;
 template <int kRows>
 __host__ __device__ constexpr int col_block_bytes() {
   return kRows * kSwizzleRowBytes;
+}
+
+// True when the current device is compute capability 9.0 (the "a" features
+// are not forward compatible) and `kernel` was compiled for it (a build
+// without the sm_90a target carries an empty stub).
+template <class Kernel>
+bool kernel_runs_sm90a(Kernel kernel) {
+  int device = 0, major = 0, minor = 0;
+  cudaFuncAttributes attrs{};
+  return cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
+         major == 9 && minor == 0 && cudaFuncGetAttributes(&attrs, kernel) == cudaSuccess &&
+         attrs.binaryVersion == 90;
 }
 
 #ifdef JAXCRAFT_SM90A_ENABLED
@@ -108,6 +126,11 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Two fp32 atomic adds to adjacent addresses in one instruction.
+__device__ __forceinline__ void red_add_v2(float* addr, float x, float y) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(x), "f"(y) : "memory");
+}
+
 template <int kRegs>
 __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
@@ -137,6 +160,15 @@ __device__ __forceinline__ void fence_operands(float (&d)[kTiles][4]) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
 }
+// Register A operands are read asynchronously too: a use after the wait
+// keeps their registers from being reused while the wgmma runs.
+template <int kTiles>
+__device__ __forceinline__ void fence_operands(uint32_t (&a)[kTiles][4]) {
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[j][e])::"memory");
+}
 
 // Shared-memory matrix descriptor of a 128-byte-swizzled operand. K-major
 // (Q and K for S = Q K^T): consecutive 8-row groups 1024 bytes apart (the
@@ -153,6 +185,9 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t leading_by
 // accumulate = 0 overwrites d.
 template <DType kDt, int kN>
 __device__ void wgmma_ss(float (&d)[kN / 8][4], uint64_t a, uint64_t b, int accumulate);
+// As wgmma_ss, with both operands MN-major (A stored [k][m], B stored [k][n]).
+template <DType kDt, int kN>
+__device__ void wgmma_ss_tt(float (&d)[kN / 8][4], uint64_t a, uint64_t b, int accumulate);
 // d[N/8][4] += A(64 x 16, registers) * B(16 x N, shared, MN-major).
 template <DType kDt, int kN>
 __device__ void wgmma_rs(float (&d)[kN / 8][4], const uint32_t (&a)[4], uint64_t b);

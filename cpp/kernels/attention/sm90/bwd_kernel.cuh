@@ -1,0 +1,379 @@
+// Hopper backward (sm_90a), dK/dV with atomic dQ. One CTA per 128-key tile
+// of one KV head: K and V stay in shared memory, the two consumer warpgroups
+// own 64 keys each and keep their dK and dV in registers while the producer
+// warp streams (query head of the group, 64-query tile) steps through a ring
+// of Q, dO, logsumexp and delta. Per step and warpgroup (wgmma throughout):
+//   S^T = K Q^T, dP^T = V dO^T            (both operands in shared memory)
+//   P^T = exp2(S^T * scale log2 e - lse log2 e), masked
+//   dV += P^T dO, dS^T = P^T (dP^T - delta), dK += dS^T Q   (P, dS from registers)
+//   dQ += dS K  (dS^T staged in shared memory; fp32 red.add into dq_accum)
+// The deterministic path stays on the portable kernels.
+#pragma once
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include "kernels/attention/kernel_args.h"
+#include "kernels/attention/mask.cuh"
+#include "kernels/attention/mma_sm80.cuh"
+#include "kernels/attention/sm90/entry.h"
+#include "kernels/attention/sm90/hopper.cuh"
+#include "kernels/attention/sm90/tensor_map.h"
+#include "kernels/attention/softmax.cuh"
+
+namespace jaxcraft {
+namespace attn {
+namespace sm90 {
+
+template <int kHeadDim_, int kStages_>
+struct BwdConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kConsumers = 2;
+  static constexpr int kBlockN = kConsumers * kWgmmaM;  // keys per CTA
+  static constexpr int kBlockM = 64;                     // queries per step
+  static constexpr int kStages = kStages_;
+  static constexpr int kThreads = (kConsumers + 1) * kWarpgroupThreads;
+  static constexpr int kColBlocks = kHeadDim / kSwizzleCols;
+  static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // K or V
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;   // Q or dO
+  static constexpr int kVecBytes = kBlockM * 4;            // lse or delta
+  static constexpr int kStageBytes =
+      (2 * kQBytes + 2 * kVecBytes + kSwizzleAtomBytes - 1) / kSwizzleAtomBytes * kSwizzleAtomBytes;
+  static constexpr int kDsBytes = kBlockN * kBlockM * 2;  // dS^T, double-buffered
+  static constexpr int kBarrierBytes = 8 * (1 + 2 * kStages);
+  static constexpr int kSmemBytes = kSwizzleAtomBytes + 2 * kKVBytes + kStages * kStageBytes +
+                                    2 * kDsBytes + kBarrierBytes;
+  // dQ columns per warpgroup: split by 64-column blocks when there are two.
+  static constexpr int kDqCols = kHeadDim / kConsumers >= 64 ? kHeadDim / kConsumers : kHeadDim;
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+  // Lanes of the producer warp that write lse/delta and arrive, plus the
+  // arrive that carries the TMA byte count.
+  static constexpr int kFullArrivals = kWarpSize + 1;
+  static_assert(kDqCols == 64, "dQ wgmma is n64");
+  static_assert(kSmemBytes <= 227 * 1024, "fits the sm_90 shared-memory opt-in");
+  static_assert(kProducerRegs * kWarpgroupThreads + kConsumerRegs * kConsumers *
+                        kWarpgroupThreads <= 64 * 1024, "register file");
+};
+
+template <int kHeadDim>
+struct BwdTiles;
+template <>
+struct BwdTiles<64> { using type = BwdConfig<64, 2>; };
+template <>
+struct BwdTiles<128> { using type = BwdConfig<128, 2>; };
+
+struct BwdSm90Args {
+  CUtensorMap q_map, do_map;   // box 64 rows
+  CUtensorMap k_map, v_map;    // box 128 rows
+  CUtensorMap dk_map, dv_map;  // box 64 rows (one consumer warpgroup)
+  BwdArgs a;
+};
+
+template <DType kDt, class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args p) {
+#ifdef JAXCRAFT_SM90A_ENABLED
+  constexpr int kD = Cfg::kHeadDim, kBM = Cfg::kBlockM, kBN = Cfg::kBlockN;
+  constexpr int kStages = Cfg::kStages, kCB = Cfg::kColBlocks;
+  const BwdArgs& a = p.a;
+  const ShapeArgs& sh = a.shape;
+
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t k_sa = (smem_u32(smem_raw) + kSwizzleAtomBytes - 1) & ~uint32_t(kSwizzleAtomBytes - 1);
+  const uint32_t v_sa = k_sa + Cfg::kKVBytes;
+  const uint32_t stage_sa = v_sa + Cfg::kKVBytes;
+  const uint32_t ds_sa = stage_sa + kStages * Cfg::kStageBytes;
+  const uint32_t bar_sa = ds_sa + 2 * Cfg::kDsBytes;
+  const uint32_t kv_full = bar_sa;
+  auto full_bar = [&](int s) { return bar_sa + 8 * (1 + s); };
+  auto empty_bar = [&](int s) { return bar_sa + 8 * (1 + kStages + s); };
+  auto q_tile = [&](int s) { return stage_sa + s * Cfg::kStageBytes; };
+  auto do_tile = [&](int s) { return q_tile(s) + Cfg::kQBytes; };
+  auto lse_vec = [&](int s) { return do_tile(s) + Cfg::kQBytes; };
+  auto delta_vec = [&](int s) { return lse_vec(s) + Cfg::kVecBytes; };
+
+  const int tid = threadIdx.x;
+  const int wg = tid / kWarpgroupThreads, lane = tid % kWarpSize;
+  if (tid == 0) {
+    mbar_init(kv_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full_bar(s), Cfg::kFullArrivals);
+      mbar_init(empty_bar(s), Cfg::kConsumers * 4);  // one arrival per consumer warp
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  const int n0 = blockIdx.x * kBN;
+  const int kv_head = blockIdx.y, b = blockIdx.z;
+  const int group = sh.num_heads / sh.num_kv_heads;
+  const SeqLens lens = seq_lens(a.mask, sh, b);
+  int q_lo = 0, q_hi = 0;
+  if (n0 < lens.kv_len)
+    query_range(a.mask, n0, min(n0 + kBN, lens.kv_len) - 1, lens.q_len, &q_lo, &q_hi);
+  const int mt_begin = max(q_lo, 0) / kBM;
+  const int mt_end = q_hi > q_lo ? (q_hi + kBM - 1) / kBM : mt_begin;
+
+  if (wg == 0) {
+    setmaxnreg_dec<Cfg::kProducerRegs>();
+    if (tid >= kWarpSize) return;
+    if (lane == 0) {
+      mbar_arrive_expect_tx(kv_full, 2 * Cfg::kKVBytes);
+#pragma unroll
+      for (int cb = 0; cb < kCB; ++cb) {
+        tma_load_4d(k_sa + cb * col_block_bytes<kBN>(), &p.k_map, kv_full, cb * kSwizzleCols,
+                    kv_head, n0, b);
+        tma_load_4d(v_sa + cb * col_block_bytes<kBN>(), &p.v_map, kv_full, cb * kSwizzleCols,
+                    kv_head, n0, b);
+      }
+    }
+    int it = 0;
+    for (int h = kv_head * group; h < (kv_head + 1) * group; ++h) {
+      const int64_t row_base = (int64_t(b) * sh.num_heads + h) * sh.seqlen_q;
+      for (int mt = mt_begin; mt < mt_end; ++mt, ++it) {
+        const int s = it % kStages;
+        if (it >= kStages) mbar_wait(empty_bar(s), ((it / kStages) + 1) & 1);
+        if (lane == 0) {
+          mbar_arrive_expect_tx(full_bar(s), 2 * Cfg::kQBytes);
+#pragma unroll
+          for (int cb = 0; cb < kCB; ++cb) {
+            tma_load_4d(q_tile(s) + cb * col_block_bytes<kBM>(), &p.q_map, full_bar(s),
+                        cb * kSwizzleCols, h, mt * kBM, b);
+            tma_load_4d(do_tile(s) + cb * col_block_bytes<kBM>(), &p.do_map, full_bar(s),
+                        cb * kSwizzleCols, h, mt * kBM, b);
+          }
+        }
+        // Queries past q_len (or with no visible key: lse = -inf) get an
+        // exponent offset of +inf, so their P, and with it their dS, is 0.
+#pragma unroll
+        for (int i = lane; i < kBM; i += kWarpSize) {
+          const int q = mt * kBM + i;
+          const float l = q < lens.q_len ? a.lse[row_base + q] : -INFINITY;
+          const float dl = q < sh.seqlen_q ? a.delta[row_base + q] : 0.f;
+          const float l2 = l == -INFINITY ? INFINITY : l * kLog2e;
+          asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(lse_vec(s) + 4 * i), "f"(l2) : "memory");
+          asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(delta_vec(s) + 4 * i), "f"(dl) : "memory");
+        }
+        mbar_arrive(full_bar(s));
+      }
+    }
+    return;
+  }
+
+  setmaxnreg_inc<Cfg::kConsumerRegs>();
+  const int c = wg - 1;  // consumer: keys [n0 + 64 c, n0 + 64 c + 64)
+  const int ct = tid % kWarpgroupThreads, w = ct / kWarpSize;
+  const int g = lane / 4, t = lane % 4;
+  const int wg_key0 = c * kWgmmaM;
+  const int thread_key0 = wg_key0 + w * 16 + g;  // tile rows of this thread: + 0 and + 8
+  const float scale_log2 = a.scale * kLog2e;
+
+  float dk[kD / 8][4], dv[kD / 8][4];
+#pragma unroll
+  for (int j = 0; j < kD / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.f;
+
+  mbar_wait(kv_full, 0);
+  int it = 0;
+  for (int h = kv_head * group; h < (kv_head + 1) * group; ++h) {
+    for (int mt = mt_begin; mt < mt_end; ++mt, ++it) {
+      const int s = it % kStages;
+      const int m0 = mt * kBM;
+      mbar_wait(full_bar(s), (it / kStages) & 1);
+
+      float st[kBM / 8][4], dpt[kBM / 8][4];
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kD / kWgmmaK; ++k) {
+        const int off = (k / 4) * col_block_bytes<kBN>() + wg_key0 * kSwizzleRowBytes + (k % 4) * 32;
+        const int qoff = (k / 4) * col_block_bytes<kBM>() + (k % 4) * 32;
+        wgmma_ss<kDt, kBM>(st, smem_desc(k_sa + off, 0), smem_desc(q_tile(s) + qoff, 0), k > 0);
+      }
+      wgmma_commit();
+#pragma unroll
+      for (int k = 0; k < kD / kWgmmaK; ++k) {
+        const int off = (k / 4) * col_block_bytes<kBN>() + wg_key0 * kSwizzleRowBytes + (k % 4) * 32;
+        const int qoff = (k / 4) * col_block_bytes<kBM>() + (k % 4) * 32;
+        wgmma_ss<kDt, kBM>(dpt, smem_desc(v_sa + off, 0), smem_desc(do_tile(s) + qoff, 0), k > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<1>();
+      fence_operands(st);
+
+      // P^T, masked. Fragment element (j, 2 h + e): key thread_key0 + 8 h,
+      // query m0 + 8 j + 2 t + e.
+      const int key0 = n0 + wg_key0;
+      const bool partial = tile_is_partial(a.mask, m0, m0 + kBM - 1, key0, key0 + kWgmmaM - 1,
+                                           lens.kv_len);
+#pragma unroll
+      for (int j = 0; j < kBM / 8; ++j) {
+        float2 l2;
+        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+                     : "=f"(l2.x), "=f"(l2.y)
+                     : "r"(lse_vec(s) + 4 * (8 * j + 2 * t)));
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float l = e ? l2.y : l2.x;
+            float pv = fast_exp2(fmaf(st[j][2 * h2 + e], scale_log2, -l));
+            if (partial && !key_visible(a.mask, m0 + 8 * j + 2 * t + e, n0 + thread_key0 + 8 * h2,
+                                        lens.kv_len))
+              pv = 0.f;
+            st[j][2 * h2 + e] = pv;
+          }
+      }
+      uint32_t pa[kBM / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < kBM / 16; ++kk) acc_to_a<kDt>(pa[kk], st[2 * kk], st[2 * kk + 1]);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBM / kWgmmaK; ++kk)
+        wgmma_rs<kDt, kD>(dv, pa[kk],
+                          smem_desc(do_tile(s) + kk * kWgmmaK * kSwizzleRowBytes, col_block_bytes<kBM>()));
+      wgmma_commit();
+      wgmma_wait<1>();  // dP^T is in; dV += P^T dO may still run
+      fence_operands(dpt);
+
+#pragma unroll
+      for (int j = 0; j < kBM / 8; ++j) {
+        float2 d2;
+        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+                     : "=f"(d2.x), "=f"(d2.y)
+                     : "r"(delta_vec(s) + 4 * (8 * j + 2 * t)));
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+          st[j][2 * h2] *= dpt[j][2 * h2] - d2.x;
+          st[j][2 * h2 + 1] *= dpt[j][2 * h2 + 1] - d2.y;
+        }
+      }
+      uint32_t dsa[kBM / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < kBM / 16; ++kk) acc_to_a<kDt>(dsa[kk], st[2 * kk], st[2 * kk + 1]);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBM / kWgmmaK; ++kk)
+        wgmma_rs<kDt, kD>(dk, dsa[kk],
+                          smem_desc(q_tile(s) + kk * kWgmmaK * kSwizzleRowBytes, col_block_bytes<kBM>()));
+      wgmma_commit();
+
+      // dS^T -> shared ([128 keys][64 queries], swizzled), for dQ = dS K.
+      const uint32_t ds_buf = ds_sa + (it % 2) * Cfg::kDsBytes;
+#pragma unroll
+      for (int kk = 0; kk < kBM / 16; ++kk)
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+          const int r = thread_key0 + 8 * h2;
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int chunk = 2 * kk + half;
+            const uint32_t addr = ds_buf + r * kSwizzleRowBytes + ((chunk ^ (r % 8)) * 16) + 4 * t;
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(dsa[kk][2 * half + h2]) : "memory");
+          }
+        }
+      fence_proxy_async();
+      named_barrier_sync(1, Cfg::kConsumers * kWarpgroupThreads);
+
+      const bool does_dq = Cfg::kDqCols * Cfg::kConsumers == kD || c == 0;
+      float dq[Cfg::kDqCols / 8][4];
+      if (does_dq) {
+        const int col0 = Cfg::kDqCols * Cfg::kConsumers == kD ? c * Cfg::kDqCols : 0;
+#pragma unroll
+        for (int k = 0; k < kBN / kWgmmaK; ++k) {
+          const uint64_t ad = smem_desc(ds_buf + k * kWgmmaK * kSwizzleRowBytes, 0);
+          const uint64_t bd = smem_desc(k_sa + (col0 / kSwizzleCols) * col_block_bytes<kBN>() +
+                                            k * kWgmmaK * kSwizzleRowBytes, col_block_bytes<kBN>());
+          wgmma_ss_tt<kDt, Cfg::kDqCols>(dq, ad, bd, k > 0);
+        }
+        wgmma_commit();
+      }
+      wgmma_wait<0>();
+      fence_operands(dk);
+      fence_operands(dv);
+      fence_operands(pa);
+      fence_operands(dsa);
+      if (lane == 0) mbar_arrive(empty_bar(s));
+      if (does_dq) {
+        fence_operands(dq);
+        const int col0 = Cfg::kDqCols * Cfg::kConsumers == kD ? c * Cfg::kDqCols : 0;
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+          const int q = m0 + w * 16 + g + 8 * h2;
+          if (q < sh.seqlen_q) {
+            float* row = a.dq_accum + ((int64_t(b) * sh.seqlen_q + q) * sh.num_heads + h) * sh.head_dim;
+#pragma unroll
+            for (int j = 0; j < Cfg::kDqCols / 8; ++j) {
+              const int col = col0 + 8 * j + 2 * t;
+              if (col < sh.head_dim) red_add_v2(row + col, dq[j][2 * h2], dq[j][2 * h2 + 1]);
+            }
+          }
+        }
+      }
+    }
+  }
+
+  // Epilogue: dK = scale * sum dS^T Q. Every warpgroup's last dQ product
+  // (which reads all of K) is done once both pass the barrier; then each
+  // stages its 64 rows of dK and dV over its own rows of K and V and stores.
+  named_barrier_sync(1, Cfg::kConsumers * kWarpgroupThreads);
+#pragma unroll
+  for (int j = 0; j < kD / 8; ++j) {
+    const int cb = j / 8, chunk = j % 8;
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {
+      const int r = thread_key0 + 8 * h2;
+      const uint32_t off = cb * col_block_bytes<kBN>() + r * kSwizzleRowBytes + ((chunk ^ (r % 8)) * 16) + 4 * t;
+      const uint32_t kv = pack2<kDt>(dk[j][2 * h2] * a.scale, dk[j][2 * h2 + 1] * a.scale);
+      const uint32_t vv = pack2<kDt>(dv[j][2 * h2], dv[j][2 * h2 + 1]);
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(k_sa + off), "r"(kv) : "memory");
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(v_sa + off), "r"(vv) : "memory");
+    }
+  }
+  fence_proxy_async();
+  named_barrier_sync(2 + c, kWarpgroupThreads);
+  if (ct == 0 && n0 + wg_key0 < sh.seqlen_k) {
+#pragma unroll
+    for (int cb = 0; cb < kCB; ++cb) {
+      const uint32_t off = cb * col_block_bytes<kBN>() + wg_key0 * kSwizzleRowBytes;
+      tma_store_4d(&p.dk_map, k_sa + off, cb * kSwizzleCols, kv_head, n0 + wg_key0, b);
+      tma_store_4d(&p.dv_map, v_sa + off, cb * kSwizzleCols, kv_head, n0 + wg_key0, b);
+    }
+    tma_store_commit_and_wait();
+  }
+#endif  // JAXCRAFT_SM90A_ENABLED
+}
+
+template <DType kDt, int kHeadDim>
+bool bwd_sm90_available() {
+  static const bool yes =
+      kernel_runs_sm90a(attn_bwd_sm90_kernel<kDt, typename BwdTiles<kHeadDim>::type>) &&
+      encode_tiled_fn() != nullptr;
+  return yes;
+}
+
+template <DType kDt, int kHeadDim>
+cudaError_t run_bwd_sm90(const BwdArgs& a, cudaStream_t stream) {
+  using Cfg = typename BwdTiles<kHeadDim>::type;
+  const ShapeArgs& s = a.shape;
+  BwdSm90Args p;
+  p.a = a;
+  if (!encode_bshd(&p.q_map, a.q, kDt, s.batch, s.seqlen_q, s.num_heads, s.head_dim, Cfg::kBlockM) ||
+      !encode_bshd(&p.do_map, a.d_o, kDt, s.batch, s.seqlen_q, s.num_heads, s.head_dim, Cfg::kBlockM) ||
+      !encode_bshd(&p.k_map, a.k, kDt, s.batch, s.seqlen_k, s.num_kv_heads, s.head_dim, Cfg::kBlockN) ||
+      !encode_bshd(&p.v_map, a.v, kDt, s.batch, s.seqlen_k, s.num_kv_heads, s.head_dim, Cfg::kBlockN) ||
+      !encode_bshd(&p.dk_map, a.dk, kDt, s.batch, s.seqlen_k, s.num_kv_heads, s.head_dim, kWgmmaM) ||
+      !encode_bshd(&p.dv_map, a.dv, kDt, s.batch, s.seqlen_k, s.num_kv_heads, s.head_dim, kWgmmaM))
+    return cudaErrorInvalidValue;
+  auto* kernel = attn_bwd_sm90_kernel<kDt, Cfg>;
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const dim3 grid((s.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, s.num_kv_heads, s.batch);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace sm90
+}  // namespace attn
+}  // namespace jaxcraft
