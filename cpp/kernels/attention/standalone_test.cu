@@ -17,6 +17,7 @@
 #include "kernels/attention/bwd_dkdv_kernel.cuh"
 #include "kernels/attention/fwd_kernel.cuh"
 #include "kernels/attention/launch.h"
+#include "kernels/attention/sm90/bwd_kernel.cuh"
 
 using jaxcraft::DType;
 
@@ -460,6 +461,56 @@ struct FwdVariants {
   }
 };
 
+// Hopper backward configurations side by side (dK/dV + atomic dQ kernel
+// only; the max |difference| of dK to the default guards the variant).
+template <int H, class... Cfgs>
+void bwd_sm90_variants(int B, int S, bool causal) {
+  const int N = 2048 / H;
+  const size_t n = size_t(B) * S * N * H;
+  uint16_t *q, *k, *v, *o, *d_o, *gq, *gk, *gv, *gk2;
+  float *lse, *delta, *acc;
+  for (uint16_t** p : {&q, &k, &v, &o, &d_o, &gq, &gk, &gv, &gk2}) CHECK(cudaMalloc(p, n * 2));
+  CHECK(cudaMalloc(&lse, size_t(B) * N * S * 4));
+  CHECK(cudaMalloc(&delta, size_t(B) * N * S * 4));
+  CHECK(cudaMalloc(&acc, n * 4));
+  std::vector<uint16_t> h(n);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  for (auto& x : h) x = to_bits(dist(rng), DType::kBF16);
+  for (uint16_t* p : {q, k, v, d_o}) CHECK(cudaMemcpy(p, h.data(), n * 2, cudaMemcpyHostToDevice));
+  jaxcraft::AttentionFwdParams fp;
+  fp.shape = {B, S, S, N, N, H};
+  fp.mask.causal = causal;
+  fp.scale = 1.f / std::sqrt(float(H));
+  fp.q = q, fp.k = k, fp.v = v, fp.o = o, fp.lse = lse;
+  CHECK(jaxcraft::launch_attention_fwd(fp, 0));
+  jaxcraft::AttentionBwdParams bp;
+  bp.shape = fp.shape;
+  bp.mask = fp.mask;
+  bp.scale = fp.scale;
+  bp.q = q, bp.k = k, bp.v = v, bp.o = o, bp.d_o = d_o, bp.lse = lse;
+  bp.dq = gq, bp.dk = gk, bp.dv = gv, bp.delta = delta, bp.dq_accum = acc;
+  CHECK(jaxcraft::launch_attention_bwd(bp, 0));  // delta and the default dK
+  jaxcraft::attn::BwdArgs ba{};
+  ba.shape = {B, S, S, N, N, H};
+  ba.mask = {causal ? 1 : 0, 0, -1, -1, nullptr, nullptr};
+  ba.scale = fp.scale;
+  ba.q = q, ba.k = k, ba.v = v, ba.o = o, ba.d_o = d_o, ba.lse = lse;
+  ba.dq = gq, ba.dk = gk2, ba.dv = gv, ba.delta = delta, ba.dq_accum = acc;
+  const double flops = 2.5 * 4.0 * B * N * double(S) * S * H * (causal ? 0.5 : 1.0);
+  auto one = [&](auto cfg) {
+    using Cfg = decltype(cfg);
+    const double ms = time_ms([&] { return jaxcraft::attn::sm90::launch_bwd_sm90<DType::kBF16, Cfg>(ba, 0); });
+    std::printf("sm90 bwd H%d S%d %s dq_by_keys %d stages %d: %.3f ms %.1f TFLOP/s maxdiff %.2e\n", H, S,
+                causal ? "causal" : "full  ", Cfg::kDqByKeys, Cfg::kStages, ms, flops / ms / 1e9,
+                max_diff(gk, gk2, n));
+  };
+  (one(Cfgs{}), ...);
+  for (void* p : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)d_o, (void*)gq, (void*)gk,
+                  (void*)gv, (void*)gk2, (void*)lse, (void*)delta, (void*)acc})
+    CHECK(cudaFree(p));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -486,6 +537,14 @@ int main(int argc, char** argv) {
   }
   bench(2, 8192, 16, 128, false);
   bench(2, 8192, 16, 128, true);
+  {
+    using jaxcraft::attn::sm90::BwdConfig;
+    for (bool causal : {false, true}) {
+      bwd_sm90_variants<128, BwdConfig<128, 2, false>, BwdConfig<128, 2, true>,
+                        BwdConfig<128, 3, false>>(8, 2048, causal);
+      bwd_sm90_variants<64, BwdConfig<64, 2, true>, BwdConfig<64, 3, true>>(8, 2048, causal);
+    }
+  }
   if (argc > 1 && std::string(argv[argc - 1]) == "variants") {
     using namespace jaxcraft::attn;
     FwdVariants<128, FwdShape<128>, FwdShape<128, 4, 128, 64>, FwdShape<128, 4, 64, 64>>::

@@ -24,8 +24,12 @@ namespace jaxcraft {
 namespace attn {
 namespace sm90 {
 
-template <int kHeadDim_, int kStages_>
+// dQ = dS K: with kDqByKeys each warpgroup multiplies its own 64 keys (no
+// barrier between warpgroups, twice the fp32 atomics); otherwise the two
+// split dQ's 64-column blocks over all 128 keys after a barrier.
+template <int kHeadDim_, int kStages_, bool kDqByKeys_>
 struct BwdConfig {
+  static constexpr bool kDqByKeys = kDqByKeys_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kConsumers = 2;
   static constexpr int kBlockN = kConsumers * kWgmmaM;  // keys per CTA
@@ -42,14 +46,12 @@ struct BwdConfig {
   static constexpr int kBarrierBytes = 8 * (1 + 2 * kStages);
   static constexpr int kSmemBytes = kSwizzleAtomBytes + 2 * kKVBytes + kStages * kStageBytes +
                                     2 * kDsBytes + kBarrierBytes;
-  // dQ columns per warpgroup: split by 64-column blocks when there are two.
-  static constexpr int kDqCols = kHeadDim / kConsumers >= 64 ? kHeadDim / kConsumers : kHeadDim;
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
   // Lanes of the producer warp that write lse/delta and arrive, plus the
   // arrive that carries the TMA byte count.
   static constexpr int kFullArrivals = kWarpSize + 1;
-  static_assert(kDqCols == 64, "dQ wgmma is n64");
+  static_assert(kDqByKeys || kColBlocks == kConsumers, "dQ split by columns: one block each");
   static_assert(kSmemBytes <= 227 * 1024, "fits the sm_90 shared-memory opt-in");
   static_assert(kProducerRegs * kWarpgroupThreads + kConsumerRegs * kConsumers *
                         kWarpgroupThreads <= 64 * 1024, "register file");
@@ -58,9 +60,9 @@ struct BwdConfig {
 template <int kHeadDim>
 struct BwdTiles;
 template <>
-struct BwdTiles<64> { using type = BwdConfig<64, 2>; };
+struct BwdTiles<64> { using type = BwdConfig<64, 2, true>; };
 template <>
-struct BwdTiles<128> { using type = BwdConfig<128, 2>; };
+struct BwdTiles<128> { using type = BwdConfig<128, 2, false>; };
 
 struct BwdSm90Args {
   CUtensorMap q_map, do_map;   // box 64 rows
@@ -273,38 +275,43 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           }
         }
       fence_proxy_async();
-      named_barrier_sync(1, Cfg::kConsumers * kWarpgroupThreads);
-
-      const bool does_dq = Cfg::kDqCols * Cfg::kConsumers == kD || c == 0;
-      float dq[Cfg::kDqCols / 8][4];
-      if (does_dq) {
-        const int col0 = Cfg::kDqCols * Cfg::kConsumers == kD ? c * Cfg::kDqCols : 0;
-#pragma unroll
-        for (int k = 0; k < kBN / kWgmmaK; ++k) {
-          const uint64_t ad = smem_desc(ds_buf + k * kWgmmaK * kSwizzleRowBytes, 0);
-          const uint64_t bd = smem_desc(k_sa + (col0 / kSwizzleCols) * col_block_bytes<kBN>() +
-                                            k * kWgmmaK * kSwizzleRowBytes, col_block_bytes<kBN>());
-          wgmma_ss_tt<kDt, Cfg::kDqCols>(dq, ad, bd, k > 0);
-        }
-        wgmma_commit();
-      }
+      if constexpr (Cfg::kDqByKeys)
+        named_barrier_sync(2 + c, kWarpgroupThreads);
+      else
+        named_barrier_sync(1, Cfg::kConsumers * kWarpgroupThreads);
       wgmma_wait<0>();
       fence_operands(dk);
       fence_operands(dv);
       fence_operands(pa);
       fence_operands(dsa);
       if (lane == 0) mbar_arrive(empty_bar(s));
-      if (does_dq) {
+
+      // dQ rows m0 + 16 w + g (+ 8), in 64-column blocks: keys [key_lo,
+      // key_lo + dq_keys) of the tile times columns of K block cb.
+      constexpr int kDqKeys = Cfg::kDqByKeys ? kWgmmaM : kBN;
+      const int key_lo = Cfg::kDqByKeys ? wg_key0 : 0;
+      const int cb_lo = Cfg::kDqByKeys ? 0 : c, cb_hi = Cfg::kDqByKeys ? kCB : c + 1;
+      for (int cb = cb_lo; cb < cb_hi; ++cb) {
+        float dq[kSwizzleCols / 8][4];
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < kDqKeys / kWgmmaK; ++k) {
+          const int row = key_lo + k * kWgmmaK;
+          wgmma_ss_tt<kDt, kSwizzleCols>(
+              dq, smem_desc(ds_buf + row * kSwizzleRowBytes, 0),
+              smem_desc(k_sa + cb * col_block_bytes<kBN>() + row * kSwizzleRowBytes, 0), k > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
         fence_operands(dq);
-        const int col0 = Cfg::kDqCols * Cfg::kConsumers == kD ? c * Cfg::kDqCols : 0;
 #pragma unroll
         for (int h2 = 0; h2 < 2; ++h2) {
           const int q = m0 + w * 16 + g + 8 * h2;
           if (q < sh.seqlen_q) {
             float* row = a.dq_accum + ((int64_t(b) * sh.seqlen_q + q) * sh.num_heads + h) * sh.head_dim;
 #pragma unroll
-            for (int j = 0; j < Cfg::kDqCols / 8; ++j) {
-              const int col = col0 + 8 * j + 2 * t;
+            for (int j = 0; j < kSwizzleCols / 8; ++j) {
+              const int col = cb * kSwizzleCols + 8 * j + 2 * t;
               if (col < sh.head_dim) red_add_v2(row + col, dq[j][2 * h2], dq[j][2 * h2 + 1]);
             }
           }
@@ -352,9 +359,8 @@ bool bwd_sm90_available() {
   return yes;
 }
 
-template <DType kDt, int kHeadDim>
-cudaError_t run_bwd_sm90(const BwdArgs& a, cudaStream_t stream) {
-  using Cfg = typename BwdTiles<kHeadDim>::type;
+template <DType kDt, class Cfg>
+cudaError_t launch_bwd_sm90(const BwdArgs& a, cudaStream_t stream) {
   const ShapeArgs& s = a.shape;
   BwdSm90Args p;
   p.a = a;
@@ -372,6 +378,11 @@ cudaError_t run_bwd_sm90(const BwdArgs& a, cudaStream_t stream) {
   const dim3 grid((s.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, s.num_kv_heads, s.batch);
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
+}
+
+template <DType kDt, int kHeadDim>
+cudaError_t run_bwd_sm90(const BwdArgs& a, cudaStream_t stream) {
+  return launch_bwd_sm90<kDt, typename BwdTiles<kHeadDim>::type>(a, stream);
 }
 
 }  // namespace sm90
