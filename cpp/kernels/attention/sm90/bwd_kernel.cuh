@@ -60,9 +60,9 @@ struct BwdConfig {
 template <int kHeadDim>
 struct BwdTiles;
 template <>
-struct BwdTiles<64> { using type = BwdConfig<64, 2, true>; };
+struct BwdTiles<64> { using type = BwdConfig<64, 3, true>; };
 template <>
-struct BwdTiles<128> { using type = BwdConfig<128, 2, false>; };
+struct BwdTiles<128> { using type = BwdConfig<128, 3, false>; };
 
 struct BwdSm90Args {
   CUtensorMap q_map, do_map;   // box 64 rows
