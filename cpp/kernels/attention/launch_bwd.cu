@@ -47,6 +47,7 @@ bool try_bwd_sm90(const attn::BwdArgs& a, int bucket, cudaStream_t stream, cudaE
   switch (bucket) {
     case 64: return try_bwd_sm90_bucket<kDt, 64>(a, stream, err);
     case 128: return try_bwd_sm90_bucket<kDt, 128>(a, stream, err);
+    case 256: return try_bwd_sm90_bucket<kDt, 256>(a, stream, err);
     default: return false;
   }
 }

@@ -2,7 +2,7 @@
 // of one KV head: K and V stay in shared memory, the two consumer warpgroups
 // own 64 keys each and keep their dK and dV in registers while the producer
 // warp streams (query head of the group, 64-query tile) steps through a ring
-// of Q, dO, logsumexp and delta. Per step and warpgroup (wgmma throughout):
+// of Q, dO, logsumexp and delta (head dim 256: see kSplitD). Per step and warpgroup (wgmma throughout):
 //   S^T = K Q^T, dP^T = V dO^T            (both operands in shared memory)
 //   P^T = exp2(S^T * scale log2 e - lse log2 e), masked
 //   dV += P^T dO, dS^T = P^T (dP^T - delta), dK += dS^T Q   (P, dS from registers)
@@ -27,12 +27,17 @@ namespace sm90 {
 // dQ = dS K: with kDqByKeys each warpgroup multiplies its own 64 keys (no
 // barrier between warpgroups, twice the fp32 atomics); otherwise the two
 // split dQ's 64-column blocks over all 128 keys after a barrier.
-template <int kHeadDim_, int kStages_, bool kDqByKeys_>
+// kSplitD (head dim 256, where 64 keys x 256 columns of dK plus dV would be
+// 256 registers per thread): both warpgroups take the same 64 keys, each
+// recomputes S^T and dP^T and owns half the columns of dK, dV and dQ.
+template <int kHeadDim_, int kStages_, bool kDqByKeys_, bool kSplitD_ = false>
 struct BwdConfig {
-  static constexpr bool kDqByKeys = kDqByKeys_;
+  static constexpr bool kDqByKeys = kDqByKeys_ || kSplitD_;
+  static constexpr bool kSplitD = kSplitD_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kConsumers = 2;
-  static constexpr int kBlockN = kConsumers * kWgmmaM;  // keys per CTA
+  static constexpr int kBlockN = kSplitD ? kWgmmaM : kConsumers * kWgmmaM;  // keys per CTA
+  static constexpr int kAccCols = kSplitD ? kHeadDim / kConsumers : kHeadDim;  // of dK, dV
   static constexpr int kBlockM = 64;                     // queries per step
   static constexpr int kStages = kStages_;
   static constexpr int kThreads = (kConsumers + 1) * kWarpgroupThreads;
@@ -42,16 +47,19 @@ struct BwdConfig {
   static constexpr int kVecBytes = kBlockM * 4;            // lse or delta
   static constexpr int kStageBytes =
       (2 * kQBytes + 2 * kVecBytes + kSwizzleAtomBytes - 1) / kSwizzleAtomBytes * kSwizzleAtomBytes;
-  static constexpr int kDsBytes = kBlockN * kBlockM * 2;  // dS^T, double-buffered
+  // dS^T [keys][queries]: double-buffered, or one buffer per warpgroup.
+  static constexpr int kDsBytes = kBlockN * kBlockM * 2;
   static constexpr int kBarrierBytes = 8 * (1 + 2 * kStages);
   static constexpr int kSmemBytes = kSwizzleAtomBytes + 2 * kKVBytes + kStages * kStageBytes +
                                     2 * kDsBytes + kBarrierBytes;
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;
+  // The split-D consumers hold the most (S^T and dP^T plus half of dK, dV).
+  static constexpr int kProducerRegs = kSplitD ? 24 : 40;
+  static constexpr int kConsumerRegs = kSplitD ? 240 : 232;
   // Lanes of the producer warp that write lse/delta and arrive, plus the
   // arrive that carries the TMA byte count.
   static constexpr int kFullArrivals = kWarpSize + 1;
   static_assert(kDqByKeys || kColBlocks == kConsumers, "dQ split by columns: one block each");
+  static_assert(kAccCols % kSwizzleCols == 0, "dK/dV halves are whole column blocks");
   static_assert(kSmemBytes <= 227 * 1024, "fits the sm_90 shared-memory opt-in");
   static_assert(kProducerRegs * kWarpgroupThreads + kConsumerRegs * kConsumers *
                         kWarpgroupThreads <= 64 * 1024, "register file");
@@ -63,6 +71,8 @@ template <>
 struct BwdTiles<64> { using type = BwdConfig<64, 3, true>; };
 template <>
 struct BwdTiles<128> { using type = BwdConfig<128, 3, false>; };
+template <>
+struct BwdTiles<256> { using type = BwdConfig<256, 2, true, true>; };
 
 struct BwdSm90Args {
   CUtensorMap q_map, do_map;   // box 64 rows
@@ -166,13 +176,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int c = wg - 1;  // consumer: keys [n0 + 64 c, n0 + 64 c + 64)
   const int ct = tid % kWarpgroupThreads, w = ct / kWarpSize;
   const int g = lane / 4, t = lane % 4;
-  const int wg_key0 = c * kWgmmaM;
+  const int wg_key0 = Cfg::kSplitD ? 0 : c * kWgmmaM;
+  constexpr int kAcc = Cfg::kAccCols;
+  const int acc_cb0 = Cfg::kSplitD ? c * (kAcc / kSwizzleCols) : 0;  // first column block of dK/dV
   const int thread_key0 = wg_key0 + w * 16 + g;  // tile rows of this thread: + 0 and + 8
   const float scale_log2 = a.scale * kLog2e;
 
-  float dk[kD / 8][4], dv[kD / 8][4];
+  float dk[kAcc / 8][4], dv[kAcc / 8][4];
 #pragma unroll
-  for (int j = 0; j < kD / 8; ++j)
+  for (int j = 0; j < kAcc / 8; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.f;
 
@@ -232,8 +244,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBM / kWgmmaK; ++kk)
-        wgmma_rs<kDt, kD>(dv, pa[kk],
-                          smem_desc(do_tile(s) + kk * kWgmmaK * kSwizzleRowBytes, col_block_bytes<kBM>()));
+        wgmma_rs<kDt, kAcc>(dv, pa[kk],
+                            smem_desc(do_tile(s) + acc_cb0 * col_block_bytes<kBM>() +
+                                          kk * kWgmmaK * kSwizzleRowBytes, col_block_bytes<kBM>()));
       wgmma_commit();
       wgmma_wait<1>();  // dP^T is in; dV += P^T dO may still run
       fence_operands(dpt);
@@ -256,12 +269,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBM / kWgmmaK; ++kk)
-        wgmma_rs<kDt, kD>(dk, dsa[kk],
-                          smem_desc(q_tile(s) + kk * kWgmmaK * kSwizzleRowBytes, col_block_bytes<kBM>()));
+        wgmma_rs<kDt, kAcc>(dk, dsa[kk],
+                            smem_desc(q_tile(s) + acc_cb0 * col_block_bytes<kBM>() +
+                                          kk * kWgmmaK * kSwizzleRowBytes, col_block_bytes<kBM>()));
       wgmma_commit();
 
       // dS^T -> shared ([128 keys][64 queries], swizzled), for dQ = dS K.
-      const uint32_t ds_buf = ds_sa + (it % 2) * Cfg::kDsBytes;
+      const uint32_t ds_buf = ds_sa + (Cfg::kSplitD ? c : it % 2) * Cfg::kDsBytes;
 #pragma unroll
       for (int kk = 0; kk < kBM / 16; ++kk)
 #pragma unroll
@@ -290,7 +304,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // key_lo + dq_keys) of the tile times columns of K block cb.
       constexpr int kDqKeys = Cfg::kDqByKeys ? kWgmmaM : kBN;
       const int key_lo = Cfg::kDqByKeys ? wg_key0 : 0;
-      const int cb_lo = Cfg::kDqByKeys ? 0 : c, cb_hi = Cfg::kDqByKeys ? kCB : c + 1;
+      const int cb_lo = Cfg::kSplitD ? acc_cb0 : Cfg::kDqByKeys ? 0 : c;
+      const int cb_hi = Cfg::kSplitD ? acc_cb0 + kAcc / kSwizzleCols : Cfg::kDqByKeys ? kCB : c + 1;
       for (int cb = cb_lo; cb < cb_hi; ++cb) {
         float dq[kSwizzleCols / 8][4];
         wgmma_fence();
@@ -325,8 +340,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // stages its 64 rows of dK and dV over its own rows of K and V and stores.
   named_barrier_sync(1, Cfg::kConsumers * kWarpgroupThreads);
 #pragma unroll
-  for (int j = 0; j < kD / 8; ++j) {
-    const int cb = j / 8, chunk = j % 8;
+  for (int j = 0; j < kAcc / 8; ++j) {
+    const int cb = acc_cb0 + j / 8, chunk = j % 8;
 #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2) {
       const int r = thread_key0 + 8 * h2;
@@ -341,7 +356,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   named_barrier_sync(2 + c, kWarpgroupThreads);
   if (ct == 0 && n0 + wg_key0 < sh.seqlen_k) {
 #pragma unroll
-    for (int cb = 0; cb < kCB; ++cb) {
+    for (int cb = acc_cb0; cb < acc_cb0 + kAcc / kSwizzleCols; ++cb) {
       const uint32_t off = cb * col_block_bytes<kBN>() + wg_key0 * kSwizzleRowBytes;
       tma_store_4d(&p.dk_map, k_sa + off, cb * kSwizzleCols, kv_head, n0 + wg_key0, b);
       tma_store_4d(&p.dv_map, v_sa + off, cb * kSwizzleCols, kv_head, n0 + wg_key0, b);

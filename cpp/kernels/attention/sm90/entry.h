@@ -32,7 +32,7 @@ template <DType kDt, int kHeadDim>
 cudaError_t run_fwd_sm90(const FwdArgs& a, cudaStream_t stream);
 
 // dK, dV and the fp32 dQ accumulation (a.dq_accum, zeroed by the caller);
-// a.delta must already hold rowsum(dO * O). Head-dim buckets 64 and 128.
+// a.delta must already hold rowsum(dO * O). Head-dim buckets 64, 128 and 256.
 template <DType kDt, int kHeadDim>
 bool bwd_sm90_available();
 template <DType kDt, int kHeadDim>
