@@ -298,6 +298,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       fence_operands(dv);
       fence_operands(pa);
       fence_operands(dsa);
+      // Every lane's reads of this stage's lse/delta happen before lane 0
+      // hands the stage back.
+      __syncwarp();
       if (lane == 0) mbar_arrive(empty_bar(s));
 
       // dQ rows m0 + 16 w + g (+ 8), in 64-column blocks: keys [key_lo,
