@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     mbar_init(kv_full, 1);
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full_bar(s), Cfg::kFullArrivals);
-      mbar_init(empty_bar(s), Cfg::kConsumers * 4);  // one arrival per consumer warp
+      mbar_init(empty_bar(s), Cfg::kConsumers * kWarpgroupThreads);
     }
     fence_barrier_init();
   }
@@ -298,10 +298,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       fence_operands(dv);
       fence_operands(pa);
       fence_operands(dsa);
-      // Every lane's reads of this stage's lse/delta happen before lane 0
-      // hands the stage back.
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty_bar(s));
+      // Every consumer thread arrives: each has read this stage's lse and
+      // delta with ordinary loads, and its own arrive releases them.
+      mbar_arrive(empty_bar(s));
 
       // dQ rows m0 + 16 w + g (+ 8), in 64-column blocks: keys [key_lo,
       // key_lo + dq_keys) of the tile times columns of K block cb.
