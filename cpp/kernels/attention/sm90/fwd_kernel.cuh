@@ -58,8 +58,6 @@ struct FwdTiles<128> { using type = FwdConfig<128, 2, 128, 2>; };
 template <>
 struct FwdTiles<256> { using type = FwdConfig<256, 2, 64, 2>; };
 
-constexpr int kShortSeqQ = 1024;
-
 struct FwdSm90Args {
   CUtensorMap q_map;  // box kBlockM rows
   CUtensorMap k_map;  // box kBlockN rows
@@ -252,8 +250,9 @@ bool fwd_sm90_available() {
   return yes;
 }
 
-template <DType kDt, class Cfg>
-cudaError_t launch_fwd_sm90(const FwdArgs& a, cudaStream_t stream) {
+template <DType kDt, int kHeadDim>
+cudaError_t run_fwd_sm90(const FwdArgs& a, cudaStream_t stream) {
+  using Cfg = typename FwdTiles<kHeadDim>::type;
   const ShapeArgs& s = a.shape;
   FwdSm90Args p;
   p.a = a;
@@ -269,17 +268,6 @@ cudaError_t launch_fwd_sm90(const FwdArgs& a, cudaStream_t stream) {
   const dim3 grid((s.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, s.num_heads, s.batch);
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
-}
-
-// Head dim 64 takes 192-query tiles (three consumer warpgroups) except on
-// short sequences, where a 192-row tile leaves a partly idle last tile (512
-// queries: 3 tiles, the last one a third empty) and 128 rows fit exactly.
-template <DType kDt, int kHeadDim>
-cudaError_t run_fwd_sm90(const FwdArgs& a, cudaStream_t stream) {
-  if constexpr (kHeadDim == 64) {
-    if (a.shape.seqlen_q <= kShortSeqQ) return launch_fwd_sm90<kDt, FwdConfig<64, 2, 128, 2>>(a, stream);
-  }
-  return launch_fwd_sm90<kDt, typename FwdTiles<kHeadDim>::type>(a, stream);
 }
 
 }  // namespace sm90
