@@ -316,19 +316,35 @@ double median_ms(const std::vector<float>& t) {
   return s[s.size() / 2];
 }
 
-void bench(int B, int S, int N, int H, bool causal) {
-  const size_t n = size_t(B) * S * N * H;
-  uint16_t *q, *k, *v, *o, *d_o, *gq, *gk, *gv;
+// Device buffers of a [B, S, N, H] bf16 self-attention problem for the
+// timing runs: random q, k, v and dO; outputs and scratch left unset.
+struct TimingBuffers {
+  size_t n;
+  uint16_t *q, *k, *v, *o, *o2, *d_o, *gq, *gk, *gv, *gk2;
   float *lse, *delta, *acc;
-  for (uint16_t** p : {&q, &k, &v, &o, &d_o, &gq, &gk, &gv}) CHECK(cudaMalloc(p, n * 2));
-  CHECK(cudaMalloc(&lse, size_t(B) * N * S * 4));
-  CHECK(cudaMalloc(&delta, size_t(B) * N * S * 4));
-  CHECK(cudaMalloc(&acc, n * 4));
-  std::vector<uint16_t> h(n);
-  std::mt19937 rng(7);
-  std::normal_distribution<float> dist(0.f, 1.f);
-  for (auto& x : h) x = to_bits(dist(rng), DType::kBF16);
-  for (uint16_t* p : {q, k, v, d_o}) CHECK(cudaMemcpy(p, h.data(), n * 2, cudaMemcpyHostToDevice));
+  TimingBuffers(int B, int S, int N, int H, unsigned seed) : n(size_t(B) * S * N * H) {
+    for (uint16_t** p : {&q, &k, &v, &o, &o2, &d_o, &gq, &gk, &gv, &gk2}) CHECK(cudaMalloc(p, n * 2));
+    CHECK(cudaMalloc(&lse, size_t(B) * N * S * 4));
+    CHECK(cudaMalloc(&delta, size_t(B) * N * S * 4));
+    CHECK(cudaMalloc(&acc, n * 4));
+    std::vector<uint16_t> h(n);
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> dist(0.f, 1.f);
+    for (auto& x : h) x = to_bits(dist(rng), DType::kBF16);
+    for (uint16_t* p : {q, k, v, d_o}) CHECK(cudaMemcpy(p, h.data(), n * 2, cudaMemcpyHostToDevice));
+  }
+  ~TimingBuffers() {
+    for (void* p : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)o2, (void*)d_o, (void*)gq,
+                    (void*)gk, (void*)gv, (void*)gk2, (void*)lse, (void*)delta, (void*)acc})
+      CHECK(cudaFree(p));
+  }
+};
+
+void bench(int B, int S, int N, int H, bool causal) {
+  TimingBuffers buf(B, S, N, H, 7);
+  uint16_t *q = buf.q, *k = buf.k, *v = buf.v, *o = buf.o, *d_o = buf.d_o, *gq = buf.gq, *gk = buf.gk,
+           *gv = buf.gv;
+  float *lse = buf.lse, *delta = buf.delta, *acc = buf.acc;
 
   jaxcraft::AttentionFwdParams fp;
   fp.shape = {B, S, S, N, N, H};
@@ -364,9 +380,6 @@ void bench(int B, int S, int N, int H, bool causal) {
                 causal ? "causal" : "full  ", det < 0 ? "fwd" : det ? "bwd(det)" : "bwd", ms,
                 f / ms / 1e9);
   }
-  for (void* p : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)d_o, (void*)gq, (void*)gk,
-                  (void*)gv, (void*)lse, (void*)delta, (void*)acc})
-    CHECK(cudaFree(p));
 }
 
 template <typename F>
@@ -402,18 +415,11 @@ struct FwdVariants {
   template <class... Dkdv>
   static void run(const char* label) {
     const int B = 8, S = 2048, N = 2048 / H;
-    const size_t n = size_t(B) * S * N * H;
-    uint16_t *q, *k, *v, *o, *o2, *d_o, *gq, *gk, *gv, *gk2;
-    float *lse, *delta, *acc;
-    for (uint16_t** p : {&q, &k, &v, &o, &o2, &d_o, &gq, &gk, &gv, &gk2}) CHECK(cudaMalloc(p, n * 2));
-    CHECK(cudaMalloc(&lse, size_t(B) * N * S * 4));
-    CHECK(cudaMalloc(&delta, size_t(B) * N * S * 4));
-    CHECK(cudaMalloc(&acc, n * 4));
-    std::vector<uint16_t> h(n);
-    std::mt19937 rng(9);
-    std::normal_distribution<float> dist(0.f, 1.f);
-    for (auto& x : h) x = to_bits(dist(rng), DType::kBF16);
-    for (uint16_t* p : {q, k, v, d_o}) CHECK(cudaMemcpy(p, h.data(), n * 2, cudaMemcpyHostToDevice));
+    TimingBuffers buf(B, S, N, H, 9);
+    const size_t n = buf.n;
+    uint16_t *q = buf.q, *k = buf.k, *v = buf.v, *o = buf.o, *d_o = buf.d_o, *gq = buf.gq, *gk = buf.gk,
+             *gv = buf.gv, *o2 = buf.o2, *gk2 = buf.gk2;
+    float *lse = buf.lse, *delta = buf.delta, *acc = buf.acc;
     jaxcraft::attn::FwdArgs fa{};
     fa.shape = {B, S, S, N, N, H};
     fa.mask = {0, 0, -1, -1, nullptr, nullptr};
@@ -455,9 +461,6 @@ struct FwdVariants {
       }
     };
     (one_dkdv(Dkdv{}), ...);
-    for (void* p : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)o2, (void*)d_o, (void*)gq, (void*)gk,
-                    (void*)gv, (void*)gk2, (void*)lse, (void*)delta, (void*)acc})
-      CHECK(cudaFree(p));
   }
 };
 
@@ -466,18 +469,11 @@ struct FwdVariants {
 template <int H, class... Cfgs>
 void bwd_sm90_variants(int B, int S, bool causal) {
   const int N = 2048 / H;
-  const size_t n = size_t(B) * S * N * H;
-  uint16_t *q, *k, *v, *o, *d_o, *gq, *gk, *gv, *gk2;
-  float *lse, *delta, *acc;
-  for (uint16_t** p : {&q, &k, &v, &o, &d_o, &gq, &gk, &gv, &gk2}) CHECK(cudaMalloc(p, n * 2));
-  CHECK(cudaMalloc(&lse, size_t(B) * N * S * 4));
-  CHECK(cudaMalloc(&delta, size_t(B) * N * S * 4));
-  CHECK(cudaMalloc(&acc, n * 4));
-  std::vector<uint16_t> h(n);
-  std::mt19937 rng(11);
-  std::normal_distribution<float> dist(0.f, 1.f);
-  for (auto& x : h) x = to_bits(dist(rng), DType::kBF16);
-  for (uint16_t* p : {q, k, v, d_o}) CHECK(cudaMemcpy(p, h.data(), n * 2, cudaMemcpyHostToDevice));
+  TimingBuffers buf(B, S, N, H, 11);
+  const size_t n = buf.n;
+  uint16_t *q = buf.q, *k = buf.k, *v = buf.v, *o = buf.o, *d_o = buf.d_o, *gq = buf.gq, *gk = buf.gk,
+           *gv = buf.gv, *gk2 = buf.gk2;
+  float *lse = buf.lse, *delta = buf.delta, *acc = buf.acc;
   jaxcraft::AttentionFwdParams fp;
   fp.shape = {B, S, S, N, N, H};
   fp.mask.causal = causal;
@@ -506,9 +502,6 @@ void bwd_sm90_variants(int B, int S, bool causal) {
                 max_diff(gk, gk2, n));
   };
   (one(Cfgs{}), ...);
-  for (void* p : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)d_o, (void*)gq, (void*)gk,
-                  (void*)gv, (void*)gk2, (void*)lse, (void*)delta, (void*)acc})
-    CHECK(cudaFree(p));
 }
 
 }  // namespace

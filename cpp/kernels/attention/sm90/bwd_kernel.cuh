@@ -49,9 +49,8 @@ struct BwdConfig {
       (2 * kQBytes + 2 * kVecBytes + kSwizzleAtomBytes - 1) / kSwizzleAtomBytes * kSwizzleAtomBytes;
   // dS^T [keys][queries]: double-buffered, or one buffer per warpgroup.
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
-  static constexpr int kBarrierBytes = 8 * (1 + 2 * kStages);
   static constexpr int kSmemBytes = kSwizzleAtomBytes + 2 * kKVBytes + kStages * kStageBytes +
-                                    2 * kDsBytes + kBarrierBytes;
+                                    2 * kDsBytes + ring_barrier_bytes(kStages);
   // The split-D consumers hold the most (S^T and dP^T plus half of dK, dV).
   static constexpr int kProducerRegs = kSplitD ? 24 : 40;
   static constexpr int kConsumerRegs = kSplitD ? 240 : 232;
@@ -91,14 +90,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const ShapeArgs& sh = a.shape;
 
   extern __shared__ unsigned char smem_raw[];
-  const uint32_t k_sa = (smem_u32(smem_raw) + kSwizzleAtomBytes - 1) & ~uint32_t(kSwizzleAtomBytes - 1);
+  const uint32_t k_sa = swizzle_aligned(smem_raw);
   const uint32_t v_sa = k_sa + Cfg::kKVBytes;
   const uint32_t stage_sa = v_sa + Cfg::kKVBytes;
   const uint32_t ds_sa = stage_sa + kStages * Cfg::kStageBytes;
-  const uint32_t bar_sa = ds_sa + 2 * Cfg::kDsBytes;
-  const uint32_t kv_full = bar_sa;
-  auto full_bar = [&](int s) { return bar_sa + 8 * (1 + s); };
-  auto empty_bar = [&](int s) { return bar_sa + 8 * (1 + kStages + s); };
+  const RingBarriers<kStages> ring{ds_sa + 2 * Cfg::kDsBytes};
   auto q_tile = [&](int s) { return stage_sa + s * Cfg::kStageBytes; };
   auto do_tile = [&](int s) { return q_tile(s) + Cfg::kQBytes; };
   auto lse_vec = [&](int s) { return do_tile(s) + Cfg::kQBytes; };
@@ -106,14 +102,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   const int tid = threadIdx.x;
   const int wg = tid / kWarpgroupThreads, lane = tid % kWarpSize;
-  if (tid == 0) {
-    mbar_init(kv_full, 1);
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(full_bar(s), Cfg::kFullArrivals);
-      mbar_init(empty_bar(s), Cfg::kConsumers * kWarpgroupThreads);
-    }
-    fence_barrier_init();
-  }
+  if (tid == 0) ring.init(Cfg::kFullArrivals, Cfg::kConsumers * kWarpgroupThreads);
   __syncthreads();
 
   const int n0 = blockIdx.x * kBN;
@@ -130,12 +119,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     setmaxnreg_dec<Cfg::kProducerRegs>();
     if (tid >= kWarpSize) return;
     if (lane == 0) {
-      mbar_arrive_expect_tx(kv_full, 2 * Cfg::kKVBytes);
+      mbar_arrive_expect_tx(ring.once(), 2 * Cfg::kKVBytes);
 #pragma unroll
       for (int cb = 0; cb < kCB; ++cb) {
-        tma_load_4d(k_sa + cb * col_block_bytes<kBN>(), &p.k_map, kv_full, cb * kSwizzleCols,
+        tma_load_4d(k_sa + cb * col_block_bytes<kBN>(), &p.k_map, ring.once(), cb * kSwizzleCols,
                     kv_head, n0, b);
-        tma_load_4d(v_sa + cb * col_block_bytes<kBN>(), &p.v_map, kv_full, cb * kSwizzleCols,
+        tma_load_4d(v_sa + cb * col_block_bytes<kBN>(), &p.v_map, ring.once(), cb * kSwizzleCols,
                     kv_head, n0, b);
       }
     }
@@ -143,15 +132,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (int h = kv_head * group; h < (kv_head + 1) * group; ++h) {
       const int64_t row_base = (int64_t(b) * sh.num_heads + h) * sh.seqlen_q;
       for (int mt = mt_begin; mt < mt_end; ++mt, ++it) {
-        const int s = it % kStages;
-        if (it >= kStages) mbar_wait(empty_bar(s), ((it / kStages) + 1) & 1);
+        const int s = ring.stage(it);
+        ring.wait_free(it);
         if (lane == 0) {
-          mbar_arrive_expect_tx(full_bar(s), 2 * Cfg::kQBytes);
+          mbar_arrive_expect_tx(ring.full(s), 2 * Cfg::kQBytes);
 #pragma unroll
           for (int cb = 0; cb < kCB; ++cb) {
-            tma_load_4d(q_tile(s) + cb * col_block_bytes<kBM>(), &p.q_map, full_bar(s),
+            tma_load_4d(q_tile(s) + cb * col_block_bytes<kBM>(), &p.q_map, ring.full(s),
                         cb * kSwizzleCols, h, mt * kBM, b);
-            tma_load_4d(do_tile(s) + cb * col_block_bytes<kBM>(), &p.do_map, full_bar(s),
+            tma_load_4d(do_tile(s) + cb * col_block_bytes<kBM>(), &p.do_map, ring.full(s),
                         cb * kSwizzleCols, h, mt * kBM, b);
           }
         }
@@ -166,7 +155,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(lse_vec(s) + 4 * i), "f"(l2) : "memory");
           asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(delta_vec(s) + 4 * i), "f"(dl) : "memory");
         }
-        mbar_arrive(full_bar(s));
+        mbar_arrive(ring.full(s));
       }
     }
     return;
@@ -188,13 +177,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.f;
 
-  mbar_wait(kv_full, 0);
+  mbar_wait(ring.once(), 0);
   int it = 0;
   for (int h = kv_head * group; h < (kv_head + 1) * group; ++h) {
     for (int mt = mt_begin; mt < mt_end; ++mt, ++it) {
-      const int s = it % kStages;
+      const int s = ring.stage(it);
       const int m0 = mt * kBM;
-      mbar_wait(full_bar(s), (it / kStages) & 1);
+      ring.wait_full(it);
 
       float st[kBM / 8][4], dpt[kBM / 8][4];
       wgmma_fence();
@@ -300,7 +289,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       fence_operands(dsa);
       // Every consumer thread arrives: each has read this stage's lse and
       // delta with ordinary loads, and its own arrive releases them.
-      mbar_arrive(empty_bar(s));
+      mbar_arrive(ring.empty(s));
 
       // dQ rows m0 + 16 w + g (+ 8), in 64-column blocks: keys [key_lo,
       // key_lo + dq_keys) of the tile times columns of K block cb.

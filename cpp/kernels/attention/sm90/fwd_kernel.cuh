@@ -34,10 +34,9 @@ struct FwdConfig {
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // one of K or V
   static constexpr int kStageBytes = 2 * kKVBytes;
-  static constexpr int kBarrierBytes = 8 * (1 + 2 * kStages);
   // + alignment slack: the swizzled tiles need 1024-byte-aligned addresses.
   static constexpr int kSmemBytes =
-      kSwizzleAtomBytes + kQBytes + kStages * kStageBytes + kBarrierBytes;
+      kSwizzleAtomBytes + kQBytes + kStages * kStageBytes + ring_barrier_bytes(kStages);
   // setmaxnreg: the producer only issues copies; the consumers hold S, O and
   // P fragments. Totals stay within the SM's 64K registers.
   static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 32;
@@ -76,25 +75,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const ShapeArgs& sh = a.shape;
 
   extern __shared__ unsigned char smem_raw[];
-  const uint32_t q_sa = (smem_u32(smem_raw) + kSwizzleAtomBytes - 1) & ~uint32_t(kSwizzleAtomBytes - 1);
+  const uint32_t q_sa = swizzle_aligned(smem_raw);
   const uint32_t kv_sa = q_sa + Cfg::kQBytes;
-  const uint32_t bar_sa = kv_sa + kStages * Cfg::kStageBytes;
-  const uint32_t q_full = bar_sa;
-  auto full_bar = [&](int s) { return bar_sa + 8 * (1 + s); };
-  auto empty_bar = [&](int s) { return bar_sa + 8 * (1 + kStages + s); };
+  const RingBarriers<kStages> ring{kv_sa + kStages * Cfg::kStageBytes};
   auto k_tile = [&](int s) { return kv_sa + s * Cfg::kStageBytes; };
   auto v_tile = [&](int s) { return kv_sa + s * Cfg::kStageBytes + Cfg::kKVBytes; };
 
   const int tid = threadIdx.x;
   const int wg = tid / kWarpgroupThreads;
-  if (tid == 0) {
-    mbar_init(q_full, 1);
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(full_bar(s), 1);
-      mbar_init(empty_bar(s), Cfg::kConsumers * 4);  // one arrival per consumer warp
-    }
-    fence_barrier_init();
-  }
+  if (tid == 0) ring.init(1, Cfg::kConsumers * 4);  // empty: one arrival per consumer warp
   __syncthreads();
 
   // Highest query tiles first: under a causal mask they have the most keys.
@@ -115,20 +104,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       prefetch_tensor_map(&p.q_map);
       prefetch_tensor_map(&p.k_map);
       prefetch_tensor_map(&p.v_map);
-      mbar_arrive_expect_tx(q_full, Cfg::kQBytes);
+      mbar_arrive_expect_tx(ring.once(), Cfg::kQBytes);
 #pragma unroll
       for (int cb = 0; cb < kCB; ++cb)
-        tma_load_4d(q_sa + cb * col_block_bytes<kBM>(), &p.q_map, q_full, cb * kSwizzleCols, head,
+        tma_load_4d(q_sa + cb * col_block_bytes<kBM>(), &p.q_map, ring.once(), cb * kSwizzleCols, head,
                     m0, b);
       for (int nt = t_begin, it = 0; nt < t_end; ++nt, ++it) {
-        const int s = it % kStages;
-        if (it >= kStages) mbar_wait(empty_bar(s), ((it / kStages) + 1) & 1);
-        mbar_arrive_expect_tx(full_bar(s), Cfg::kStageBytes);
+        const int s = ring.stage(it);
+        ring.wait_free(it);
+        mbar_arrive_expect_tx(ring.full(s), Cfg::kStageBytes);
 #pragma unroll
         for (int cb = 0; cb < kCB; ++cb) {
-          tma_load_4d(k_tile(s) + cb * col_block_bytes<kBN>(), &p.k_map, full_bar(s),
+          tma_load_4d(k_tile(s) + cb * col_block_bytes<kBN>(), &p.k_map, ring.full(s),
                       cb * kSwizzleCols, kv_head, nt * kBN, b);
-          tma_load_4d(v_tile(s) + cb * col_block_bytes<kBN>(), &p.v_map, full_bar(s),
+          tma_load_4d(v_tile(s) + cb * col_block_bytes<kBN>(), &p.v_map, ring.full(s),
                       cb * kSwizzleCols, kv_head, nt * kBN, b);
         }
       }
@@ -155,11 +144,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const bool prescale = scale_log2 <= 0.f;
   const float softmax_scale = prescale ? 1.f : scale_log2;
 
-  mbar_wait(q_full, 0);
+  mbar_wait(ring.once(), 0);
   for (int nt = t_begin, it = 0; nt < t_end; ++nt, ++it) {
-    const int s = it % kStages;
+    const int s = ring.stage(it);
     const int n0 = nt * kBN;
-    mbar_wait(full_bar(s), (it / kStages) & 1);
+    ring.wait_full(it);
 
     float sc[1][kBN / 8][4];
     wgmma_fence();
@@ -197,7 +186,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     wgmma_commit();
     wgmma_wait<0>();
     fence_operands(o[0]);
-    if (lane == 0) mbar_arrive(empty_bar(s));
+    if (lane == 0) mbar_arrive(ring.empty(s));
   }
 
   // Epilogue: normalize, write the logsumexp, stage O (16-bit, swizzled)

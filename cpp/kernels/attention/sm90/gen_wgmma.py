@@ -18,28 +18,15 @@ def acc_list(n):
   return ", ".join(f"%{i}" for i in range(n // 2))
 
 
-def ss(n, dt, ptx):
+def ss(n, dt, ptx, name="wgmma_ss", trans=0):
   k = n // 2
+  pad = " " * (len(name) - len("wgmma_ss"))
   return f'''template <>
-__device__ __forceinline__ void wgmma_ss<DType::{dt}, {n}>(float (&d)[{n // 8}][4], uint64_t a,
-                                                          uint64_t b, int accumulate) {{
+__device__ __forceinline__ void {name}<DType::{dt}, {n}>(float (&d)[{n // 8}][4], uint64_t a,
+                                                          {pad}uint64_t b, int accumulate) {{
   asm volatile(
       "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{k + 2}, 0;\\n"
-      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} {{{acc_list(n)}}}, %{k}, %{k + 1}, p, 1, 1, 0, 0;\\n}}\\n"
-      : {acc_operands(n)}
-      : "l"(a), "l"(b), "r"(accumulate));
-}}
-'''
-
-
-def ss_tt(n, dt, ptx):
-  k = n // 2
-  return f'''template <>
-__device__ __forceinline__ void wgmma_ss_tt<DType::{dt}, {n}>(float (&d)[{n // 8}][4], uint64_t a,
-                                                             uint64_t b, int accumulate) {{
-  asm volatile(
-      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{k + 2}, 0;\\n"
-      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} {{{acc_list(n)}}}, %{k}, %{k + 1}, p, 1, 1, 1, 1;\\n}}\\n"
+      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} {{{acc_list(n)}}}, %{k}, %{k + 1}, p, 1, 1, {trans}, {trans};\\n}}\\n"
       : {acc_operands(n)}
       : "l"(a), "l"(b), "r"(accumulate));
 }}
@@ -65,6 +52,6 @@ for dt, ptx in TYPES.items():
   for n in SS_N:
     print(ss(n, dt, ptx))
   for n in SS_TT_N:
-    print(ss_tt(n, dt, ptx))
+    print(ss(n, dt, ptx, name="wgmma_ss_tt", trans=1))
   for n in RS_N:
     print(rs(n, dt, ptx))

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "common/dtype.h"
+#include "kernels/attention/mma_sm80.cuh"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define JAXCRAFT_SM90A_ENABLED 1
@@ -30,6 +31,9 @@ constexpr int kWgmmaK = 16;             // reduction depth of one 16-bit wgmma
 constexpr int kSwizzleCols = 64;
 constexpr int kSwizzleRowBytes = 128;
 constexpr int kSwizzleAtomBytes = 1024;
+
+// Shared memory of RingBarriers<stages> (below).
+__host__ __device__ constexpr int ring_barrier_bytes(int stages) { return 8 * (1 + 2 * stages); }
 
 template <int kRows>
 __host__ __device__ constexpr int col_block_bytes() {
@@ -83,6 +87,42 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 // other threads of the cluster-of-one.
 __device__ __forceinline__ void fence_barrier_init() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// The mbarriers of a kStages-deep producer/consumer ring plus one for the
+// tiles loaded once (Q in the forward, K and V in the backward): 8 bytes each
+// at `base`. Use i of the ring (0, 1, ...) is stage i % kStages, and waits
+// for that stage's (i / kStages)-th phase.
+template <int kStages>
+struct RingBarriers {
+  static constexpr int kBytes = ring_barrier_bytes(kStages);
+  uint32_t base;
+  __device__ uint32_t once() const { return base; }
+  __device__ uint32_t full(int s) const { return base + 8 * (1 + s); }
+  __device__ uint32_t empty(int s) const { return base + 8 * (1 + kStages + s); }
+  static __device__ int stage(int use) { return use % kStages; }
+  static __device__ uint32_t parity(int use) { return (use / kStages) & 1; }
+  // One thread, before the CTA-wide barrier that publishes them.
+  __device__ void init(int full_arrivals, int empty_arrivals) const {
+    mbar_init(once(), 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full(s), full_arrivals);
+      mbar_init(empty(s), empty_arrivals);
+    }
+    fence_barrier_init();
+  }
+  // Producer side: before use `use` refills its stage, wait until the
+  // consumers released that stage's previous use.
+  __device__ void wait_free(int use) const {
+    if (use >= kStages) mbar_wait(empty(stage(use)), parity(use) ^ 1);
+  }
+  __device__ void wait_full(int use) const { mbar_wait(full(stage(use)), parity(use)); }
+};
+
+// The dynamic shared memory window rounded up to a swizzle atom (the
+// kernels request kSwizzleAtomBytes of slack).
+__device__ __forceinline__ uint32_t swizzle_aligned(const void* smem) {
+  return (smem_u32(smem) + kSwizzleAtomBytes - 1) & ~uint32_t(kSwizzleAtomBytes - 1);
 }
 
 // Orders this thread's generic-proxy shared-memory writes before later
