@@ -2,7 +2,8 @@
 // of one KV head: K and V stay in shared memory, the two consumer warpgroups
 // own 64 keys each and keep their dK and dV in registers while the producer
 // warp streams (query head of the group, 64-query tile) steps through a ring
-// of Q, dO, logsumexp and delta (head dim 256: see kSplitD). Per step and warpgroup (wgmma throughout):
+// of Q, dO, logsumexp and delta (head dim 256: see kSplitD). Per step and
+// warpgroup (wgmma throughout):
 //   S^T = K Q^T, dP^T = V dO^T            (both operands in shared memory)
 //   P^T = exp2(S^T * scale log2 e - lse log2 e), masked
 //   dV += P^T dO, dS^T = P^T (dP^T - delta), dK += dS^T Q   (P, dS from registers)
