@@ -32,24 +32,15 @@ cudaError_t dq_for_bucket(const attn::BwdArgs& a, int bucket, cudaStream_t strea
   }
 }
 
-template <DType kDt, int kBucket>
-bool try_bwd_sm90_bucket(const attn::BwdArgs& a, cudaStream_t stream, cudaError_t* err) {
-  if (!attn::sm90::bwd_sm90_available<kDt, kBucket>()) return false;
-  *err = attn::sm90::run_bwd_sm90<kDt, kBucket>(a, stream);
-  return true;
-}
-
 // dK/dV with atomic dQ on the Hopper kernel when this device, build and
 // bucket have one.
 template <DType kDt>
 bool try_bwd_sm90(const attn::BwdArgs& a, int bucket, cudaStream_t stream, cudaError_t* err) {
-  if (attn::sm90::disabled_by_env()) return false;
-  switch (bucket) {
-    case 64: return try_bwd_sm90_bucket<kDt, 64>(a, stream, err);
-    case 128: return try_bwd_sm90_bucket<kDt, 128>(a, stream, err);
-    case 256: return try_bwd_sm90_bucket<kDt, 256>(a, stream, err);
-    default: return false;
-  }
+  return attn::sm90::for_hopper_bucket(bucket, [&](auto b) {
+    if (!attn::sm90::bwd_sm90_available<kDt, b()>()) return false;
+    *err = attn::sm90::run_bwd_sm90<kDt, b()>(a, stream);
+    return true;
+  });
 }
 
 int multiprocessor_count() {

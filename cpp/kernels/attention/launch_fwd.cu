@@ -18,23 +18,14 @@ cudaError_t fwd_for_bucket(const attn::FwdArgs& a, int bucket, cudaStream_t stre
   }
 }
 
-template <DType kDt, int kBucket>
-bool try_fwd_sm90_bucket(const attn::FwdArgs& a, cudaStream_t stream, cudaError_t* err) {
-  if (!attn::sm90::fwd_sm90_available<kDt, kBucket>()) return false;
-  *err = attn::sm90::run_fwd_sm90<kDt, kBucket>(a, stream);
-  return true;
-}
-
 // Runs the Hopper kernel when this device, build and bucket have one.
 template <DType kDt>
 bool try_fwd_sm90(const attn::FwdArgs& a, int bucket, cudaStream_t stream, cudaError_t* err) {
-  if (attn::sm90::disabled_by_env()) return false;
-  switch (bucket) {
-    case 64: return try_fwd_sm90_bucket<kDt, 64>(a, stream, err);
-    case 128: return try_fwd_sm90_bucket<kDt, 128>(a, stream, err);
-    case 256: return try_fwd_sm90_bucket<kDt, 256>(a, stream, err);
-    default: return false;
-  }
+  return attn::sm90::for_hopper_bucket(bucket, [&](auto b) {
+    if (!attn::sm90::fwd_sm90_available<kDt, b()>()) return false;
+    *err = attn::sm90::run_fwd_sm90<kDt, b()>(a, stream);
+    return true;
+  });
 }
 
 }  // namespace

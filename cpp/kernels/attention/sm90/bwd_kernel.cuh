@@ -274,8 +274,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             const int chunk = 2 * kk + half;
-            const uint32_t addr = ds_buf + r * kSwizzleRowBytes + ((chunk ^ (r % 8)) * 16) + 4 * t;
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(dsa[kk][2 * half + h2]) : "memory");
+            st_shared_b32(ds_buf + swizzled_offset(r, chunk) + 4 * t, dsa[kk][2 * half + h2]);
           }
         }
       fence_proxy_async();
@@ -337,11 +336,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2) {
       const int r = thread_key0 + 8 * h2;
-      const uint32_t off = cb * col_block_bytes<kBN>() + r * kSwizzleRowBytes + ((chunk ^ (r % 8)) * 16) + 4 * t;
+      const uint32_t off = cb * col_block_bytes<kBN>() + swizzled_offset(r, chunk) + 4 * t;
       const uint32_t kv = pack2<kDt>(dk[j][2 * h2] * a.scale, dk[j][2 * h2 + 1] * a.scale);
       const uint32_t vv = pack2<kDt>(dv[j][2 * h2], dv[j][2 * h2 + 1]);
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(k_sa + off), "r"(kv) : "memory");
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(v_sa + off), "r"(vv) : "memory");
+      st_shared_b32(k_sa + off, kv);
+      st_shared_b32(v_sa + off, vv);
     }
   }
   fence_proxy_async();

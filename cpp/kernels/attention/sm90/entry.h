@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/attention/kernel_args.h"
 
@@ -25,6 +26,20 @@ inline bool disabled_by_env() {
 
 // True when this build carries the sm_90a kernel and the current device can
 // run it.
+// Calls run(std::integral_constant<int, bucket>) for the head-dim buckets
+// the Hopper kernels cover; false (the portable kernels take the call) for
+// other buckets or when the environment forces the portable path.
+template <class Run>
+bool for_hopper_bucket(int bucket, Run&& run) {
+  if (disabled_by_env()) return false;
+  switch (bucket) {
+    case 64: return run(std::integral_constant<int, 64>{});
+    case 128: return run(std::integral_constant<int, 128>{});
+    case 256: return run(std::integral_constant<int, 256>{});
+    default: return false;
+  }
+}
+
 template <DType kDt, int kHeadDim>
 bool fwd_sm90_available();
 

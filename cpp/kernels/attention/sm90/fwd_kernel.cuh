@@ -213,10 +213,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = thread_row0 + 8 * h;
-      const uint32_t addr = q_sa + cb * col_block_bytes<kBM>() + r * kSwizzleRowBytes +
-                            ((chunk ^ (r % 8)) * 16) + 4 * t;
       const uint32_t v = pack2<kDt>(o[0][j][2 * h], o[0][j][2 * h + 1]);
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+      st_shared_b32(q_sa + cb * col_block_bytes<kBM>() + swizzled_offset(r, chunk) + 4 * t, v);
     }
   }
   fence_proxy_async();

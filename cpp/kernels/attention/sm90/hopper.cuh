@@ -32,6 +32,12 @@ constexpr int kSwizzleCols = 64;
 constexpr int kSwizzleRowBytes = 128;
 constexpr int kSwizzleAtomBytes = 1024;
 
+// Byte offset of 16-byte chunk `chunk` (0..7) of row `row` inside a 64-column
+// block of a swizzled tile: the one place the swizzle is spelled out.
+__host__ __device__ constexpr uint32_t swizzled_offset(int row, int chunk) {
+  return row * kSwizzleRowBytes + ((chunk ^ (row % 8)) * 16);
+}
+
 // Shared memory of RingBarriers<stages> (below).
 __host__ __device__ constexpr int ring_barrier_bytes(int stages) { return 8 * (1 + 2 * stages); }
 
@@ -123,6 +129,10 @@ struct RingBarriers {
 // kernels request kSwizzleAtomBytes of slack).
 __device__ __forceinline__ uint32_t swizzle_aligned(const void* smem) {
   return (smem_u32(smem) + kSwizzleAtomBytes - 1) & ~uint32_t(kSwizzleAtomBytes - 1);
+}
+
+__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
 // Orders this thread's generic-proxy shared-memory writes before later
