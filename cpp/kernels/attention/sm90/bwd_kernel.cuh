@@ -27,7 +27,8 @@ namespace sm90 {
 
 // dQ = dS K: with kDqByKeys each warpgroup multiplies its own 64 keys (no
 // barrier between warpgroups, twice the fp32 atomics); otherwise the two
-// split dQ's 64-column blocks over all 128 keys after a barrier.
+// split dQ's 64-column blocks over all 128 keys after a barrier (head dim
+// 64, one block: they take turns by step).
 // kSplitD (head dim 256, where 64 keys x 256 columns of dK plus dV would be
 // 256 registers per thread): both warpgroups take the same 64 keys, each
 // recomputes S^T and dP^T and owns half the columns of dK, dV and dQ.
@@ -58,7 +59,8 @@ struct BwdConfig {
   // Lanes of the producer warp that write lse/delta and arrive, plus the
   // arrive that carries the TMA byte count.
   static constexpr int kFullArrivals = kWarpSize + 1;
-  static_assert(kDqByKeys || kColBlocks == kConsumers, "dQ split by columns: one block each");
+  static_assert(kDqByKeys || kColBlocks == kConsumers || kColBlocks == 1,
+                "dQ split by columns: one block each, or one block taken in turns");
   static_assert(kAccCols % kSwizzleCols == 0, "dK/dV halves are whole column blocks");
   static_assert(kSmemBytes <= 227 * 1024, "fits the sm_90 shared-memory opt-in");
   static_assert(kProducerRegs * kWarpgroupThreads + kConsumerRegs * kConsumers *
@@ -68,7 +70,7 @@ struct BwdConfig {
 template <int kHeadDim>
 struct BwdTiles;
 template <>
-struct BwdTiles<64> { using type = BwdConfig<64, 3, true>; };
+struct BwdTiles<64> { using type = BwdConfig<64, 3, false>; };
 template <>
 struct BwdTiles<128> { using type = BwdConfig<128, 3, false>; };
 template <>
@@ -295,8 +297,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // key_lo + dq_keys) of the tile times columns of K block cb.
       constexpr int kDqKeys = Cfg::kDqByKeys ? kWgmmaM : kBN;
       const int key_lo = Cfg::kDqByKeys ? wg_key0 : 0;
-      const int cb_lo = Cfg::kSplitD ? acc_cb0 : Cfg::kDqByKeys ? 0 : c;
-      const int cb_hi = Cfg::kSplitD ? acc_cb0 + kAcc / kSwizzleCols : Cfg::kDqByKeys ? kCB : c + 1;
+      int cb_lo = c, cb_hi = c + 1;  // split by columns
+      if (Cfg::kSplitD) {
+        cb_lo = acc_cb0;
+        cb_hi = acc_cb0 + kAcc / kSwizzleCols;
+      } else if (Cfg::kDqByKeys) {
+        cb_lo = 0;
+        cb_hi = kCB;
+      } else if (kCB == 1) {  // one block: this warpgroup's turn?
+        cb_lo = 0;
+        cb_hi = it % Cfg::kConsumers == c;
+      }
       for (int cb = cb_lo; cb < cb_hi; ++cb) {
         float dq[kSwizzleCols / 8][4];
         wgmma_fence();
