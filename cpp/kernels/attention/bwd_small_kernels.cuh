@@ -1,5 +1,6 @@
-// The memory-bound helpers of the backward pass: delta = rowsum(dO * O) and
-// the fp32 dQ accumulator -> input dtype conversion.
+// The memory-bound helpers of the backward pass: delta = rowsum(dO * O)
+// (which also zeroes the fp32 dQ accumulator, saving a memset pass) and the
+// accumulator -> input dtype conversion.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -47,6 +48,10 @@ __global__ void __launch_bounds__(kRowWarpsPerBlock* kWarpSize)
         acc += x.x * y.x + x.y * y.y;
       }
     }
+  }
+  if (a.dq_accum) {
+    float4* dq = reinterpret_cast<float4*>(a.dq_accum + row * sh.head_dim);
+    for (int c = lane; c < sh.head_dim / 4; c += kWarpSize) dq[c] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
 #pragma unroll
   for (int m = kWarpSize / 2; m > 0; m /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, m);

@@ -60,6 +60,7 @@ cudaError_t run_bwd(const AttentionBwdParams& p, attn::BwdArgs a, cudaStream_t s
   const bool has_keys = s.batch * s.seqlen_k * s.num_kv_heads > 0;
   cudaError_t err = cudaSuccess;
 
+  a.dq_accum = p.deterministic ? nullptr : p.dq_accum;  // zeroed by the delta kernel
   if (has_queries) {
     const int64_t blocks = (rows + attn::kRowWarpsPerBlock - 1) / attn::kRowWarpsPerBlock;
     attn::attn_bwd_delta_kernel<kDt>
@@ -67,11 +68,6 @@ cudaError_t run_bwd(const AttentionBwdParams& p, attn::BwdArgs a, cudaStream_t s
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
   const int64_t dq_elems = rows * s.head_dim;
-  if (!p.deterministic && has_queries) {
-    err = cudaMemsetAsync(p.dq_accum, 0, dq_elems * sizeof(float), stream);
-    if (err != cudaSuccess) return err;
-  }
-  a.dq_accum = p.deterministic ? nullptr : p.dq_accum;
   if (has_keys) {
     const bool sm90 = !p.deterministic && has_queries && try_bwd_sm90<kDt>(a, bucket, stream, &err);
     if (!sm90) err = dkdv_for_bucket<kDt>(a, bucket, stream);

@@ -33,12 +33,14 @@ constexpr float kRescaleLog2Threshold = 8.f;
 // score; scale_log2 must be > 0 (the caller pre-scales otherwise), so the
 // raw row max is also the scaled one. Replaces s with unnormalized
 // probabilities and adds them to row_sum. row_max is kept scaled; row_sum
-// stays a per-lane partial (reduced once in the epilogue).
-template <int kSlabs, int kKeyTiles, int kAccTiles>
-__device__ __forceinline__ void online_softmax(float (&s)[kSlabs][kKeyTiles][4],
-                                               float (&acc)[kSlabs][kAccTiles][4],
-                                               float (&row_max)[kSlabs][2],
-                                               float (&row_sum)[kSlabs][2], float scale_log2) {
+// stays a per-lane partial (reduced once in the epilogue). Returns whether
+// the max moved; then the output accumulator must be multiplied by `corr`
+// (rescale_rows), which the caller may defer while an MMA still adds into it.
+template <int kSlabs, int kKeyTiles>
+__device__ __forceinline__ bool online_softmax_step(float (&s)[kSlabs][kKeyTiles][4],
+                                                    float (&row_max)[kSlabs][2],
+                                                    float (&row_sum)[kSlabs][2],
+                                                    float (&corr)[kSlabs][2], float scale_log2) {
   float tile_max[kSlabs][2];
   bool grew = false;
 #pragma unroll
@@ -53,8 +55,9 @@ __device__ __forceinline__ void online_softmax(float (&s)[kSlabs][kKeyTiles][4],
       grew |= tile_max[m][h] > row_max[m][h] + kRescaleLog2Threshold;
     }
   }
-  // Warp-uniform decision, so the rescale below is a non-divergent branch.
-  if (__any_sync(0xffffffffu, grew)) {
+  // Warp-uniform decision, so the caller's rescale is a non-divergent branch.
+  const bool rescale = __any_sync(0xffffffffu, grew);
+  if (rescale) {
 #pragma unroll
     for (int m = 0; m < kSlabs; ++m) {
 #pragma unroll
@@ -62,14 +65,9 @@ __device__ __forceinline__ void online_softmax(float (&s)[kSlabs][kKeyTiles][4],
         const float mx = fmaxf(tile_max[m][h], row_max[m][h]);
         // A row that has seen only masked keys keeps max -inf; exp2(-inf -
         // -inf) would be NaN, and its factor is irrelevant (sum and O are 0).
-        const float corr = mx == -INFINITY ? 1.f : fast_exp2(row_max[m][h] - mx);
+        corr[m][h] = mx == -INFINITY ? 1.f : fast_exp2(row_max[m][h] - mx);
         row_max[m][h] = mx;
-        row_sum[m][h] *= corr;
-#pragma unroll
-        for (int j = 0; j < kAccTiles; ++j) {
-          acc[m][j][2 * h] *= corr;
-          acc[m][j][2 * h + 1] *= corr;
-        }
+        row_sum[m][h] *= corr[m][h];
       }
     }
   }
@@ -90,6 +88,28 @@ __device__ __forceinline__ void online_softmax(float (&s)[kSlabs][kKeyTiles][4],
       row_sum[m][h] = sum;
     }
   }
+  return rescale;
+}
+
+template <int kSlabs, int kAccTiles>
+__device__ __forceinline__ void rescale_rows(float (&acc)[kSlabs][kAccTiles][4],
+                                             const float (&corr)[kSlabs][2]) {
+#pragma unroll
+  for (int m = 0; m < kSlabs; ++m)
+#pragma unroll
+    for (int j = 0; j < kAccTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[m][j][e] *= corr[m][e / 2];
+}
+
+// online_softmax_step with the accumulator rescaled at once.
+template <int kSlabs, int kKeyTiles, int kAccTiles>
+__device__ __forceinline__ void online_softmax(float (&s)[kSlabs][kKeyTiles][4],
+                                               float (&acc)[kSlabs][kAccTiles][4],
+                                               float (&row_max)[kSlabs][2],
+                                               float (&row_sum)[kSlabs][2], float scale_log2) {
+  float corr[kSlabs][2];
+  if (online_softmax_step(s, row_max, row_sum, corr, scale_log2)) rescale_rows(acc, corr);
 }
 
 }  // namespace attn

@@ -18,6 +18,7 @@
 #include "kernels/attention/fwd_kernel.cuh"
 #include "kernels/attention/launch.h"
 #include "kernels/attention/sm90/bwd_kernel.cuh"
+#include "kernels/attention/sm90/fwd_kernel.cuh"
 
 using jaxcraft::DType;
 
@@ -504,6 +505,34 @@ void bwd_sm90_variants(int B, int S, bool causal) {
   (one(Cfgs{}), ...);
 }
 
+// Hopper forward configurations side by side (the max |difference| of O to
+// the default guards the variant).
+template <int H, class... Cfgs>
+void fwd_sm90_variants(int B, int S, bool causal) {
+  const int N = 2048 / H;
+  TimingBuffers buf(B, S, N, H, 13);
+  jaxcraft::AttentionFwdParams fp;
+  fp.shape = {B, S, S, N, N, H};
+  fp.mask.causal = causal;
+  fp.scale = 1.f / std::sqrt(float(H));
+  fp.q = buf.q, fp.k = buf.k, fp.v = buf.v, fp.o = buf.o, fp.lse = buf.lse;
+  CHECK(jaxcraft::launch_attention_fwd(fp, 0));
+  jaxcraft::attn::FwdArgs fa{};
+  fa.shape = {B, S, S, N, N, H};
+  fa.mask = {causal ? 1 : 0, 0, -1, -1, nullptr, nullptr};
+  fa.scale = fp.scale;
+  fa.q = buf.q, fa.k = buf.k, fa.v = buf.v, fa.o = buf.o2, fa.lse = buf.delta;
+  const double flops = 4.0 * B * N * double(S) * S * H * (causal ? 0.5 : 1.0);
+  auto one = [&](auto cfg) {
+    using Cfg = decltype(cfg);
+    const double ms = time_ms([&] { return jaxcraft::attn::sm90::launch_fwd_sm90<DType::kBF16, Cfg>(fa, 0); });
+    std::printf("sm90 fwd H%d S%d %s tile %dx%d stages %d overlap %d: %.3f ms %.1f TFLOP/s maxdiff %.2e\n", H, S,
+                causal ? "causal" : "full  ", Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, Cfg::kOverlap, ms,
+                flops / ms / 1e9, max_diff(buf.o, buf.o2, buf.n));
+  };
+  (one(Cfgs{}), ...);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -533,8 +562,13 @@ int main(int argc, char** argv) {
   {
     using jaxcraft::attn::sm90::BwdConfig;
     for (bool causal : {false, true}) {
-      bwd_sm90_variants<64, BwdConfig<64, 3, true>, BwdConfig<64, 3, false>,
-                        BwdConfig<64, 2, false>>(8, 2048, causal);
+      bwd_sm90_variants<64, BwdConfig<64, 3, true>, BwdConfig<64, 3, false>>(8, 2048, causal);
+      using jaxcraft::attn::sm90::FwdConfig;
+      fwd_sm90_variants<128, FwdConfig<128, 2, 128, 3, true>, FwdConfig<128, 2, 128, 3>>(8, 2048,
+                                                                                        causal);
+      fwd_sm90_variants<64, FwdConfig<64, 3, 128, 2>, FwdConfig<64, 3, 128, 3>,
+                        FwdConfig<64, 3, 128, 3, true>, FwdConfig<64, 2, 128, 3, true>>(8, 2048, causal);
+      fwd_sm90_variants<256, FwdConfig<256, 2, 64, 2>, FwdConfig<256, 2, 64, 2, true>>(8, 2048, causal);
     }
   }
   if (argc > 1 && std::string(argv[argc - 1]) == "variants") {
