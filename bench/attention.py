@@ -15,6 +15,10 @@ from timing import time_step
 DTYPE = jnp.bfloat16
 # XLA's attention materializes B x N x S x S logits: skip it past this length.
 XLA_MAX_SEQLEN = 2048
+# Chains differ by at least this much device time (timing.time_step): a
+# 3-step difference of a 50-us step was within host jitter (cells above the
+# matmul ceiling at S 512).
+MIN_SPAN_S = 0.01
 # JAXCRAFT_BENCH_QUICK=1: the headline rows only (short device leases).
 QUICK_SPECS = [AttentionSpec(128, 2048, False), AttentionSpec(128, 2048, True),
                AttentionSpec(64, 2048, False)]
@@ -69,7 +73,8 @@ def run(bandwidth: float, specs=None):
       for mode, make, flops in (("fwd", _fwd, spec.fwd_flops()),
                                 ("fwd+bwd", _fwd_bwd, spec.fwd_bwd_flops())):
         try:
-          sec = time_step(make(fn), q, k, v, custom_call=name != "xla", short=1, long=4, reps=3)
+          sec = time_step(make(fn), q, k, v, custom_call=name != "xla", short=1, long=4, reps=3,
+                          min_span=MIN_SPAN_S)
         except Exception as e:  # noqa: BLE001 - a peer that fails is reported, not fatal
           print(f"  {spec.name} {name} {mode}: failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
           continue

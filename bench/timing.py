@@ -43,15 +43,25 @@ def _wall(fn, carry, consts, reps):
   return float(np.median(times))
 
 
-def time_step(step, carry, *consts, custom_call=True, short=2, long=12, reps=5) -> float:
+def time_step(step, carry, *consts, custom_call=True, short=2, long=12, reps=5,
+              min_span=0.0, max_long=64) -> float:
   """Seconds per application of `step(carry, *consts) -> carry`.
 
   `consts` are passed as arguments (never closed over: XLA would fold them).
   `custom_call`: the step is a custom call (unrolled chain), else XLA ops (loop).
+  `min_span`: when the two chains differ by less than this many seconds, the
+  long chain is lengthened (up to `max_long` steps) and timed again, so that
+  host jitter of a few tens of microseconds cannot move the result of a fast
+  step by more than a few percent.
   """
   t_short = _wall(_chain(step, short, custom_call), carry, consts, reps)
   t_long = _wall(_chain(step, long, custom_call), carry, consts, reps)
-  return max(t_long - t_short, 1e-9) / (long - short)
+  per_step = max(t_long - t_short, 1e-9) / (long - short)
+  if (long - short) * per_step < min_span and long < max_long:
+    long = min(max_long, short + int(np.ceil(min_span / per_step)))
+    t_long = _wall(_chain(step, long, custom_call), carry, consts, reps)
+    per_step = max(t_long - t_short, 1e-9) / (long - short)
+  return per_step
 
 
 def copy_bandwidth(nbytes=1 << 30) -> float:
