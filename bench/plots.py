@@ -62,8 +62,30 @@ def _attention_plot(rows, meta, path):
   plt.close(fig)
 
 
+def _decode_plot(rows, meta, path):
+  fig, ax = plt.subplots(figsize=(8, 3.5))
+  shapes = list(dict.fromkeys(r["shape"] for r in rows))
+  impls = list(dict.fromkeys(r["impl"] for r in rows))
+  width = 0.8 / max(len(impls), 1)
+  for k, impl in enumerate(impls):
+    by_shape = {r["shape"]: r["gbps"] for r in rows if r["impl"] == impl}
+    ax.bar([x + k * width for x in range(len(shapes))], [by_shape.get(s, 0) for s in shapes],
+           width, label=impl)
+  ax.axhline(meta["copy_gbps"], color="k", ls="--", lw=1, label="copy")
+  ax.set_xticks([x + 0.4 - width / 2 for x in range(len(shapes))], shapes)
+  ax.set_xlabel("B x S")
+  ax.set_ylabel("GB/s of K + V")
+  ax.legend(fontsize=7)
+  ax.set_title(f"decode, 32/8 heads, D128, Tq 1 - {meta['device']} - bf16 - {meta['date']}")
+  fig.tight_layout()
+  fig.savefig(path, dpi=80)
+  plt.close(fig)
+
+
 def write_all(results, out: pathlib.Path):
   if "norm" in results:
     _norm_plot(results["norm"], results["meta"], out / "norm.png")
   if "attention" in results:
     _attention_plot(results["attention"], results["meta"], out / "attention.png")
+  if results.get("decode"):
+    _decode_plot(results["decode"], results["meta"], out / "decode.png")

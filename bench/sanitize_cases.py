@@ -5,6 +5,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import jaxcraft
 
@@ -42,7 +43,35 @@ def attention_cases():
       jax.block_until_ready(vjp(out))
 
 
-CASES = {"norm": norm_cases, "attention": attention_cases}
+def decode_cases():
+  rng = np.random.default_rng(2)
+  # Every kernel: tensor cores (bf16 / f16, head-dim buckets 64 / 128 / 256,
+  # a padded head dim), CUDA cores (float32); one split and several (with the
+  # combine); contiguous and paged caches (page sizes 8, 24, 64), a bad page
+  # entry, empty and clamped lengths, a window, a multi-chunk query group.
+  normal = lambda shape, dtype: jnp.asarray(rng.standard_normal(shape).astype(dtype))
+  for (B, Tq, S, N, K, H), dtype, page_size, kw in [
+      ((3, 1, 70, 8, 2, 128), jnp.bfloat16, 0, {}),
+      ((2, 3, 2000, 8, 1, 64), jnp.float16, 8, {"local_window_size": 300}),
+      ((2, 4, 1536, 16, 2, 256), jnp.bfloat16, 64, {"logit_soft_cap": 5.0}),
+      ((2, 2, 600, 4, 4, 80), jnp.bfloat16, 24, {}),
+      ((2, 2, 900, 8, 2, 128), jnp.float32, 0, {}),
+      ((2, 1, 264, 4, 1, 64), jnp.float32, 8, {})]:
+    q = normal((B, Tq, N, H), dtype)
+    lengths = jnp.array([S + 5, 0][:B - 1] + [S // 3], jnp.int32)
+    if page_size:
+      pages = B * S // page_size + 2
+      k, v = normal((pages, page_size, K, H), dtype), normal((pages, page_size, K, H), dtype)
+      tables = rng.permutation(pages)[:B * (S // page_size)].reshape(B, -1).astype(np.int32)
+      tables[0, 1] = pages + 7  # out of range: masked, never read
+      kw = {**kw, "block_tables": jnp.asarray(tables)}
+    else:
+      k, v = normal((B, S, K, H), dtype), normal((B, S, K, H), dtype)
+    jax.block_until_ready(
+        jaxcraft.decode_attention(q, k, v, lengths, implementation="cuda", **kw))
+
+
+CASES = {"norm": norm_cases, "attention": attention_cases, "decode": decode_cases}
 
 if __name__ == "__main__":
   for name in sys.argv[1].split(","):

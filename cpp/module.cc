@@ -21,11 +21,13 @@ NB_MODULE(_jaxcraft, m) {
     cpu["jaxcraft_norm_bwd"] = capsule(jaxcraft_norm_bwd_cpu);
     cpu["jaxcraft_attention_fwd"] = capsule(jaxcraft_attention_fwd_cpu);
     cpu["jaxcraft_attention_bwd"] = capsule(jaxcraft_attention_bwd_cpu);
+    cpu["jaxcraft_decode_attention_fwd"] = capsule(jaxcraft_decode_attention_fwd_cpu);
 #ifdef JAXCRAFT_WITH_CUDA
     cuda["jaxcraft_norm_fwd"] = capsule(jaxcraft_norm_fwd_cuda);
     cuda["jaxcraft_norm_bwd"] = capsule(jaxcraft_norm_bwd_cuda);
     cuda["jaxcraft_attention_fwd"] = capsule(jaxcraft_attention_fwd_cuda);
     cuda["jaxcraft_attention_bwd"] = capsule(jaxcraft_attention_bwd_cuda);
+    cuda["jaxcraft_decode_attention_fwd"] = capsule(jaxcraft_decode_attention_fwd_cuda);
 #endif
     nb::dict out;
     out["cpu"] = cpu;

@@ -15,7 +15,8 @@ NORM_FWD = "jaxcraft_norm_fwd"
 NORM_BWD = "jaxcraft_norm_bwd"
 ATTENTION_FWD = "jaxcraft_attention_fwd"
 ATTENTION_BWD = "jaxcraft_attention_bwd"
-TARGETS = (NORM_FWD, NORM_BWD, ATTENTION_FWD, ATTENTION_BWD)
+DECODE_ATTENTION_FWD = "jaxcraft_decode_attention_fwd"
+TARGETS = (NORM_FWD, NORM_BWD, ATTENTION_FWD, ATTENTION_BWD, DECODE_ATTENTION_FWD)
 
 # jax.export refuses custom calls it does not know to be stable; ours are,
 # as long as jaxcraft (which registers them) is installed where the artifact runs.

@@ -1,0 +1,110 @@
+"""Decode attention: GB/s of K + V read, jaxcraft (contiguous and paged caches)
+vs cuDNN vs XLA vs Pallas' GPU decode kernel, against the copy ceiling.
+
+One new token (Tq = 1), 32 query / 8 KV heads, head dim 128, bf16, every
+sequence at its full length; rows B x S in 1 x 128k, 8 x 32k, 64 x 4k,
+256 x 1k. The paged cache has 64-row pages in a shuffled block table. The
+minimum traffic is K and V read once: 2 B S K D bytes (q and the output are
+B N D each, < 0.01% here). JAXCRAFT_BENCH_SMOKE=1: tiny shapes (CPU plumbing
+check; the numbers mean nothing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from timing import time_step
+
+import jaxcraft
+
+DTYPE = jnp.bfloat16
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeSpec:
+  batch: int
+  seqlen: int
+  heads: int = 32
+  kv_heads: int = 8
+  head_dim: int = 128
+  tokens: int = 1
+  page_size: int = 64
+
+  @property
+  def name(self) -> str:
+    s = f"{self.seqlen // 1024}k" if self.seqlen >= 1024 else str(self.seqlen)
+    return f"{self.batch} x {s}"
+
+  def kv_bytes(self, itemsize: int) -> int:
+    """K and V read once: 2 B S K D elements."""
+    return 2 * self.batch * self.seqlen * self.kv_heads * self.head_dim * itemsize
+
+
+DECODE_SPECS = [DecodeSpec(1, 131072), DecodeSpec(8, 32768), DecodeSpec(64, 4096),
+                DecodeSpec(256, 1024)]
+# Small versions of the same layout (tests/test_decode_attention.py runs the
+# kernels on shapes like these).
+DECODE_SMOKE_SPECS = [DecodeSpec(1, 2048, page_size=16), DecodeSpec(4, 512)]
+
+
+def _inputs(spec):
+  keys = jax.random.split(jax.random.key(0), 5)
+  B, S, K, D = spec.batch, spec.seqlen, spec.kv_heads, spec.head_dim
+  q = jax.random.normal(keys[0], (B, spec.tokens, spec.heads, D), DTYPE)
+  k = jax.random.normal(keys[1], (B, S, K, D), DTYPE)
+  v = jax.random.normal(keys[2], (B, S, K, D), DTYPE)
+  lengths = jnp.full((B,), S, jnp.int32)
+  pages = B * S // spec.page_size
+  k_pages = jax.random.normal(keys[3], (pages, spec.page_size, K, D), DTYPE)
+  v_pages = jax.random.normal(keys[4], (pages, spec.page_size, K, D), DTYPE)
+  tables = jnp.asarray(np.random.default_rng(0).permutation(pages).reshape(B, -1), jnp.int32)
+  return q, (k, v, lengths), (k_pages, v_pages, lengths, tables)
+
+
+def _impls(spec):
+  """name -> (step(q, *consts) -> q', which consts, is a custom call)."""
+  impls = {
+      "jaxcraft": (lambda q, k, v, n: jaxcraft.decode_attention(q, k, v, n), "dense", True),
+      "jaxcraft-paged": (lambda q, k, v, n, t: jaxcraft.decode_attention(q, k, v, n, block_tables=t),
+                         "paged", True),
+      "cudnn": (lambda q, k, v, n: jax.nn.dot_product_attention(
+          q, k, v, key_value_seq_lengths=n, implementation="cudnn"), "dense", True),
+      "xla": (lambda q, k, v, n: jax.nn.dot_product_attention(
+          q, k, v, key_value_seq_lengths=n, implementation="xla"), "dense", False),
+  }
+  try:  # Pallas' split-K decode kernel (Triton): q [B, N, D], kv_seq_len [B]
+    from jax.experimental.pallas.ops.gpu import decode_attention as pallas_decode
+    impls["pallas"] = (lambda q, k, v, n: pallas_decode.gqa(q[:, 0], k, v, kv_seq_len=n)[:, None],
+                       "dense", True)
+  except ImportError:
+    pass
+  return impls
+
+
+def run(bandwidth: float, specs=None):
+  smoke = bool(os.environ.get("JAXCRAFT_BENCH_SMOKE"))
+  specs = specs or (DECODE_SMOKE_SPECS if smoke else DECODE_SPECS)
+  rows = []
+  for spec in specs:
+    q, dense, paged = _inputs(spec)
+    nbytes = spec.kv_bytes(jnp.dtype(DTYPE).itemsize)
+    for name, (fn, which, custom_call) in _impls(spec).items():
+      if smoke and name in ("cudnn", "pallas"):
+        continue
+      consts = dense if which == "dense" else paged
+      try:
+        sec = time_step(fn, q, *consts, custom_call=custom_call, short=2, long=8, reps=3)
+      except Exception as e:  # noqa: BLE001 - an unsupported peer is reported, not fatal
+        print(f"  {spec.name:10s} {name:15s} unsupported: {type(e).__name__}: {str(e)[:120]}",
+              flush=True)
+        continue
+      rows.append({"op": "decode", "shape": spec.name, "batch": spec.batch, "seqlen": spec.seqlen,
+                   "impl": name, "mode": "fwd", "us": sec * 1e6, "gbps": nbytes / sec / 1e9,
+                   "pct_copy": 100 * nbytes / sec / bandwidth})
+      print(f"  {spec.name:10s} {name:15s} {sec * 1e6:9.1f} us {rows[-1]['gbps']:7.0f} GB/s "
+            f"({rows[-1]['pct_copy']:.0f}% of copy)", flush=True)
+  return rows

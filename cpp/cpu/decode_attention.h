@@ -1,0 +1,16 @@
+// Decode attention on the host: the CPU counterpart of the CUDA split-K
+// kernels, with the same contract (kernels/decode/params.h): paged or
+// contiguous caches, clamped lengths, masked bad pages, rows that see no key
+// give zeros.
+#pragma once
+
+#include "cpu/parallel.h"
+#include "kernels/decode/params.h"
+
+namespace jaxcraft {
+
+// Writes p.o [B, Tq, N, H]. Split partials live in host memory it allocates
+// itself; p.partial_o / p.partial_lse are not used.
+void decode_attention_cpu(const DecodeParams& p, const TaskRunner* runner = nullptr);
+
+}  // namespace jaxcraft

@@ -1,0 +1,170 @@
+// Chooses the kernel (dtype -> head-dim bucket) and the number of splits,
+// and launches the split kernel and, with more than one split, the combine.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "kernels/decode/combine_kernel.cuh"
+#include "kernels/decode/launch.h"
+#include "kernels/decode/split_mma_kernel.cuh"
+#include "kernels/decode/split_simt_kernel.cuh"
+
+namespace jaxcraft {
+namespace {
+
+using decode::DecodeArgs;
+
+constexpr int kMaxDevices = 64;
+constexpr size_t kDefaultSmemLimit = 48 * 1024;  // above this a kernel must opt in
+
+// A split shorter than this many keys spends more on its pipeline fill and
+// its partial write + combine than the extra parallelism saves.
+constexpr int64_t kMinKeysPerSplit = 256;
+// Accept the fewest splits whose last wave is at least this full, relative to
+// the best split count: more splits only add partials to write and combine.
+constexpr double kWaveEfficiency = 0.95;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// A per-device integer, computed once per device by query(device, &value).
+// Neither query used here synchronizes or touches a stream.
+template <typename Query>
+cudaError_t per_device(std::atomic<int> (&cache)[kMaxDevices], Query query, int* out) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (device < kMaxDevices) {
+    const int cached = cache[device].load(std::memory_order_relaxed);
+    if (cached > 0) {
+      *out = cached;
+      return cudaSuccess;
+    }
+  }
+  int value = 0;
+  if ((err = query(device, &value)) != cudaSuccess) return err;
+  value = std::max(value, 1);
+  if (device < kMaxDevices) cache[device].store(value, std::memory_order_relaxed);
+  *out = value;
+  return cudaSuccess;
+}
+
+// Splits per (b, kv head, row chunk), from the shape and the GPU alone (no
+// lengths: they live on the device). One wave of `resident` CTAs streams at
+// full bandwidth; a partly filled last wave idles SMs. So: among 1..most
+// splits, the fewest whose wave fill (waves / ceil(waves)) is within
+// kWaveEfficiency of the best. E.g. H100 (132 SMs x 2 CTAs), 32/8 heads,
+// D128: 1 x 128k -> 32 splits, 8 x 32k -> 4, 64 x 4k and 256 x 1k -> 1.
+int choose_splits(int64_t ctas, int64_t keys, int64_t resident, int64_t max_splits) {
+  const int64_t most = std::min(max_splits, keys / kMinKeysPerSplit);
+  if (most <= 1 || ctas <= 0) return 1;
+  auto fill = [&](int64_t splits) {
+    const double waves = static_cast<double>(ctas * splits) / static_cast<double>(resident);
+    return waves / std::ceil(waves);
+  };
+  double best = 0.0;
+  for (int64_t s = 1; s <= most; ++s) best = std::max(best, fill(s));
+  for (int64_t s = 1; s <= most; ++s)
+    if (fill(s) >= kWaveEfficiency * best) return static_cast<int>(s);
+  return 1;
+}
+
+// Launches split kernel `kernel` (Cfg: its tile constants) and the combine.
+template <typename T, typename Cfg>
+cudaError_t run(const DecodeParams& p, void (*kernel)(DecodeArgs), size_t smem,
+                cudaStream_t stream) {
+  static std::atomic<int> resident_cache[kMaxDevices];  // CTAs per SM, per device
+  static std::atomic<int> sm_cache[kMaxDevices];
+  cudaError_t err = cudaSuccess;
+  if (smem > kDefaultSmemLimit &&
+      (err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(smem))) != cudaSuccess)
+    return err;
+  int sms = 0, per_sm = 0;
+  err = per_device(sm_cache, [](int device, int* v) {
+    return cudaDeviceGetAttribute(v, cudaDevAttrMultiProcessorCount, device);
+  }, &sms);
+  if (err != cudaSuccess) return err;
+  err = per_device(resident_cache, [&](int, int* v) {
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(v, kernel, Cfg::kThreads, smem);
+  }, &per_sm);
+  if (err != cudaSuccess) return err;
+
+  DecodeArgs a;
+  a.p = p;
+  a.group = FastDivmod::make(static_cast<uint32_t>(p.group()));
+  a.page_size = FastDivmod::make(static_cast<uint32_t>(std::max<int64_t>(p.page_size, 1)));
+  a.row_chunks = static_cast<int>(ceil_div(p.rows_per_kv_head(), Cfg::kRows));
+  const int64_t ctas = p.batch * p.num_kv_heads * a.row_chunks;
+  int64_t keys = p.capacity();  // the longest key span a query group can see
+  if (p.window_left >= 0) keys = std::min(keys, p.seqlen_q + p.window_left);
+  const bool have_scratch = p.partial_o != nullptr && p.partial_lse != nullptr;
+  a.num_splits = choose_splits(ctas, keys, int64_t{sms} * per_sm, have_scratch ? p.max_splits : 1);
+
+  const int64_t grid = ctas * a.num_splits;
+  if (grid <= 0) return cudaSuccess;
+  if (grid > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidConfiguration;
+  kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, smem, stream>>>(a);
+  if ((err = cudaGetLastError()) != cudaSuccess || a.num_splits == 1) return err;
+  const int64_t rows = p.batch * p.seqlen_q * p.num_heads;
+  decode::decode_combine_kernel<T>
+      <<<static_cast<unsigned>(ceil_div(rows, decode::kCombineRowsPerCta)),
+         decode::kCombineThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+// Head dims are padded up to a bucket (zeros in shared memory, no global reads).
+int head_dim_bucket(int64_t head_dim) { return head_dim <= 64 ? 64 : (head_dim <= 128 ? 128 : 256); }
+
+template <typename T>
+cudaError_t run_mma(const DecodeParams& p, cudaStream_t stream) {
+  using decode::MmaConfig;
+  switch (head_dim_bucket(p.head_dim)) {
+    case 64:
+      return run<T, MmaConfig<T, 64>>(p, decode::decode_split_mma_kernel<T, 64>,
+                                      MmaConfig<T, 64>::kSmemBytes, stream);
+    case 128:
+      return run<T, MmaConfig<T, 128>>(p, decode::decode_split_mma_kernel<T, 128>,
+                                       MmaConfig<T, 128>::kSmemBytes, stream);
+    default:
+      return run<T, MmaConfig<T, 256>>(p, decode::decode_split_mma_kernel<T, 256>,
+                                       MmaConfig<T, 256>::kSmemBytes, stream);
+  }
+}
+
+cudaError_t run_simt(const DecodeParams& p, cudaStream_t stream) {
+  using decode::SimtConfig;
+  switch (head_dim_bucket(p.head_dim)) {
+    case 64:
+      return run<float, SimtConfig<64>>(p, decode::decode_split_simt_kernel<64>, 0, stream);
+    case 128:
+      return run<float, SimtConfig<128>>(p, decode::decode_split_simt_kernel<128>, 0, stream);
+    default:
+      return run<float, SimtConfig<256>>(p, decode::decode_split_simt_kernel<256>, 0, stream);
+  }
+}
+
+}  // namespace
+
+const char* decode_attention_cuda_unsupported(const DecodeParams& p) {
+  if (p.head_dim % 8 != 0 || p.head_dim > decode::kMaxHeadDim)
+    return "the CUDA decode kernels need a head dim that is a multiple of 8 and at most 256";
+  constexpr int64_t kMaxPosition = std::numeric_limits<int32_t>::max();
+  if (p.capacity() > kMaxPosition || p.num_pages * p.page_size > kMaxPosition)
+    return "the CUDA decode kernels index cache rows with 32-bit integers (cache too large)";
+  return nullptr;
+}
+
+cudaError_t launch_decode_attention(const DecodeParams& p, cudaStream_t stream) {
+  if (decode_attention_cuda_unsupported(p) != nullptr) return cudaErrorInvalidValue;
+  if (p.batch * p.seqlen_q * p.num_heads * p.head_dim == 0) return cudaSuccess;
+  switch (p.dtype) {
+    case DType::kBF16: return run_mma<__nv_bfloat16>(p, stream);
+    case DType::kF16: return run_mma<__half>(p, stream);
+    case DType::kF32: return run_simt(p, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace jaxcraft
