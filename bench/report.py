@@ -36,6 +36,23 @@ def attention_table(rows):
   return "\n".join(out)
 
 
+def ring_table(rows):
+  out = ["| spec | variant | fwd ms | fwd TFLOP/s per GPU | fwd+bwd ms | fwd+bwd TFLOP/s per GPU |",
+         "|---|---|---|---|---|---|"]
+  by = collections.defaultdict(dict)
+  for r in rows:
+    by[(r["shape"], r["impl"])][r["mode"]] = r
+  for (shape, impl), cells in by.items():
+    def cell(mode):
+      r = cells.get(mode)
+      if r is None:
+        return "- | -"
+      rate = "-" if r["tflops_per_gpu"] is None else f"{r['tflops_per_gpu']:.0f}"
+      return f"{r['us'] / 1e3:.2f} | {rate}"
+    out.append(f"| {shape} | {impl} | {cell('fwd')} | {cell('fwd+bwd')} |")
+  return "\n".join(out)
+
+
 def train_table(rows):
   out = ["| model | variant | step ms | tokens/s | TFLOP/s | peak GiB | loss |",
          "|---|---|---|---|---|---|---|"]
@@ -56,6 +73,8 @@ def main():
       print(norm_table(results["norm"]) + "\n")
     if "attention" in results:
       print(attention_table(results["attention"]) + "\n")
+    if results.get("ring"):
+      print(ring_table(results["ring"]) + "\n")
     if "train" in results:
       print(train_table(results["train"]) + "\n")
 

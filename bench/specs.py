@@ -68,6 +68,40 @@ ATTENTION_SPECS = [AttentionSpec(d, s, c) for d in (64, 128, 256)
 
 
 @dataclasses.dataclass(frozen=True)
+class RingSpec:
+  """bf16 ring attention (context parallelism): one sequence of `seqlen`
+  tokens split over `devices` GPUs."""
+  seqlen: int
+  devices: int = 2
+  heads: int = 16
+  head_dim: int = 128
+  causal: bool = True
+  batch: int = 1
+
+  @property
+  def name(self) -> str:
+    k = f"{self.seqlen // 1024}k" if self.seqlen >= 1024 else str(self.seqlen)
+    return f"S{k} N{self.heads} D{self.head_dim}{' causal' if self.causal else ''} / {self.devices}"
+
+  def fwd_flops(self, seqlen=None) -> float:
+    """4 B N S^2 D (two matmuls), halved when causal; `seqlen` defaults to the whole sequence."""
+    s = self.seqlen if seqlen is None else seqlen
+    flops = 4.0 * self.batch * self.heads * s ** 2 * self.head_dim
+    return flops / 2 if self.causal else flops
+
+  def fwd_bwd_flops(self, seqlen=None) -> float:
+    return 3.5 * self.fwd_flops(seqlen)
+
+
+RING_SPECS = [RingSpec(32768), RingSpec(131072)]
+# JAXCRAFT_BENCH_RING_SMOKE=1: the code path on 2 virtual CPU devices; the numbers mean nothing.
+# Small enough that each CPU kernel call stays on one thread: the CPU kernel's
+# fork-join waits for queued pool tasks, which deadlocks when every thread of
+# XLA's pool is itself a kernel call waiting (two virtual devices, two cores).
+RING_SMOKE_SPECS = [RingSpec(64, heads=2, head_dim=64)]
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainSpec:
   """One training step of jaxcraft/examples/gpt.py's GPT: bf16 activations, float32
   parameters and Adam state, causal attention, SwiGLU MLP, tied output head."""

@@ -33,3 +33,20 @@ def assert_close(out, lowp, ref: np.ndarray, factor: float = 2.0, name: str = "o
   err, base = max_err(out, ref), max_err(lowp, ref)
   bound = factor * base + F32_SLACK * max(scale, 1.0)
   assert err <= bound, f"{name}: error {err:.3g} > bound {bound:.3g} (reference error {base:.3g})"
+
+
+def norm_err(a, ref: np.ndarray) -> float:
+  a = f64(a)
+  assert np.all(np.isfinite(a)), "non-finite values"
+  return float(np.linalg.norm(a - ref))
+
+
+def assert_parity(out, lowp, ref, name="out"):
+  """Whole-tensor version of `assert_close`: kernel error (L2 norm) vs the fp32
+  reference <= 2x the input-dtype reference's, plus fp32-rounding slack (1e-5
+  relative; per element where ref is ~0, e.g. dq with a single visible key,
+  where dP - delta cancels)."""
+  ref = f64(ref)
+  err, base = norm_err(out, ref), norm_err(lowp, ref)
+  slack = 1e-5 * max(float(np.linalg.norm(ref)), np.sqrt(ref.size))
+  assert err <= 2 * base + slack, f"{name}: error {err:.3g} > 2 x {base:.3g} + {slack:.3g}"

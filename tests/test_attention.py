@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import jaxcraft
-from numerics import f64, random
+from numerics import assert_parity as _assert_parity, f64, random
 
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
 
@@ -27,22 +27,6 @@ def _qkv(B, T, S, N, K, H, dtype, seed=0):
 
 def _attn(impl, q, k, v, **kw):
   return jaxcraft.dot_product_attention(q, k, v, implementation=impl, **kw)
-
-
-def _err(a, ref):
-  a = f64(a)
-  assert np.all(np.isfinite(a)), "non-finite values"
-  return float(np.linalg.norm(a - ref))
-
-
-def _assert_parity(out, lowp, ref, name="out"):
-  """Kernel error vs the fp32 reference <= 2x the input-dtype reference's,
-  plus fp32-rounding slack (1e-5 relative; per element where ref is ~0, e.g.
-  dq with a single visible key, where dP - delta cancels)."""
-  ref = f64(ref)
-  err, base = _err(out, ref), _err(lowp, ref)
-  slack = 1e-5 * max(float(np.linalg.norm(ref)), np.sqrt(ref.size))
-  assert err <= 2 * base + slack, f"{name}: error {err:.3g} > 2 x {base:.3g} + {slack:.3g}"
 
 
 def _check(platform, q, k, v, grads=True, **kw):

@@ -128,15 +128,26 @@ class PartitionedCall(NamedTuple):
   partitioned: Callable  # custom_partitioning wrapper of `local`
 
 
+class Plan(NamedTuple):
+  """What `choose_shardings` decides (see `partitioned_call`)."""
+  arg_specs: Any
+  result_specs: Any
+  psum_axes: Any
+  body: Callable | None = None  # per-device function; None: the op's local_fn
+
+
 def partitioned_call(local_fn: Callable, *, sharding_rule: str,
                      choose_shardings: Callable, **rule_kwargs: Any) -> PartitionedCall:
   """Wraps `local_fn` (operands -> list of outputs, on per-device shapes).
 
   `choose_shardings(mesh, arg_specs)` gets each operand's PartitionSpec
-  (None when the sharding is not a mesh sharding) and returns
-  (arg_specs, result_specs, psum_axes): the layout the kernel runs in (XLA
-  reshards operands into it), and for each output the mesh axes it must be
-  summed over (outputs that reduce over rows split across devices), or ().
+  (None when the sharding is not a mesh sharding) and returns a `Plan` (or
+  its first three fields as a tuple): the layout the kernel runs in (XLA
+  reshards operands into it), for each output the mesh axes it must be
+  summed over (outputs that reduce over rows split across devices), or (),
+  and optionally a `body` to run per device instead of `local_fn`: one that
+  communicates over mesh axes itself (its collectives may name any mesh
+  axis: the partitioned body runs with every axis manual).
   """
   fn = custom_partitioning(local_fn)
 
@@ -145,19 +156,20 @@ def partitioned_call(local_fn: Callable, *, sharding_rule: str,
             for s in arg_shapes]
 
   def partition(mesh, arg_shapes, result_shape):
-    arg_specs, result_specs, psum_axes = choose_shardings(mesh, specs_of(mesh, arg_shapes))
+    plan = Plan(*choose_shardings(mesh, specs_of(mesh, arg_shapes)))
+    body = plan.body or local_fn
 
     def lowered(*args):
-      outs = local_fn(*args)
-      return [jax.lax.psum(o, axes) if axes else o for o, axes in zip(outs, psum_axes)]
+      outs = body(*args)
+      return [jax.lax.psum(o, axes) if axes else o for o, axes in zip(outs, plan.psum_axes)]
 
     # Results are a list (local_fn returns one); operands a tuple.
-    result_shardings = [NamedSharding(mesh, s) for s in result_specs]
-    return mesh, lowered, result_shardings, tuple(NamedSharding(mesh, s) for s in arg_specs)
+    result_shardings = [NamedSharding(mesh, s) for s in plan.result_specs]
+    return mesh, lowered, result_shardings, tuple(NamedSharding(mesh, s) for s in plan.arg_specs)
 
   def infer(mesh, arg_shapes, result_shape):
-    _, result_specs, _ = choose_shardings(mesh, specs_of(mesh, arg_shapes))
-    return [NamedSharding(mesh, s) for s in result_specs]
+    plan = Plan(*choose_shardings(mesh, specs_of(mesh, arg_shapes)))
+    return [NamedSharding(mesh, s) for s in plan.result_specs]
 
   fn.def_partition(partition=partition, infer_sharding_from_operands=infer,
                    sharding_rule=sharding_rule, **rule_kwargs)

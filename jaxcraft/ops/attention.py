@@ -4,6 +4,8 @@ Flow: `dot_product_attention` (checks, custom_vjp) -> `_fwd_p` / `_bwd_p`
 (partitioned primitives: batching, sharding) -> `_fwd_kernel_p` /
 `_bwd_kernel_p` (FFI targets `jaxcraft_attention_fwd` / `_bwd`,
 cpp/ffi/attention.cc). The pure-JAX reference lives in attention_reference.py.
+Sequence-sharded inputs in a sharded jit partition into ring attention
+(_ring.py), whose blocks are these primitives (`_ring_blocks`).
 """
 
 from __future__ import annotations
@@ -19,8 +21,11 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
 
 from jaxcraft import _ffi, remat
-from jaxcraft.ops import _checks, _primitive
-from jaxcraft.ops.attention_reference import attention_reference
+from jaxcraft.ops import _checks, _primitive, _ring
+from jaxcraft.ops.attention_reference import (
+  attention_backward_reference,
+  attention_reference,
+)
 
 F32 = jnp.float32
 I32 = jnp.int32
@@ -48,14 +53,21 @@ class _Config:
     return dict(scale=np.float32(self.scale), causal=self.causal, offset=np.int64(self.offset),
                 window_left=np.int64(self.window_left), window_right=np.int64(self.window_right))
 
+  @property
+  def windowed(self) -> bool:
+    return (self.window_left, self.window_right) != (_UNBOUNDED, _UNBOUNDED)
+
+  def _reference_masks(self, q_len, kv_len):
+    return dict(scale=self.scale, is_causal=self.causal, causal_offset=self.offset,
+                query_seq_lengths=q_len if q_len.size else None,
+                key_value_seq_lengths=kv_len if kv_len.size else None,
+                window=(self.window_left, self.window_right) if self.windowed else None)
+
   def reference(self, q, k, v, q_len, kv_len):
-    window = None
-    if (self.window_left, self.window_right) != (_UNBOUNDED, _UNBOUNDED):
-      window = (self.window_left, self.window_right)
-    return attention_reference(
-        q, k, v, scale=self.scale, is_causal=self.causal, causal_offset=self.offset,
-        query_seq_lengths=q_len if q_len.size else None,
-        key_value_seq_lengths=kv_len if kv_len.size else None, window=window)
+    return attention_reference(q, k, v, **self._reference_masks(q_len, kv_len))
+
+  def reference_backward(self, q, k, v, o, lse, do, q_len, kv_len):
+    return attention_backward_reference(q, k, v, o, lse, do, **self._reference_masks(q_len, kv_len))
 
 
 def _cuda_unsupported(dtype, head_dim) -> str | None:
@@ -101,8 +113,9 @@ def _bwd_kernel_abstract(q, k, v, o, lse, do, q_len, kv_len, *, cfg):
 
 
 def _bwd_kernel_reference(q, k, v, o, lse, do, q_len, kv_len, *, cfg):
-  _, vjp = jax.vjp(lambda q, k, v: cfg.reference(q, k, v, q_len, kv_len)[0], q, k, v)
-  dq, dk, dv = vjp(do)
+  # From the given o and lse, as the kernel: a ring attention block passes the
+  # global ones, which differ from this block's own.
+  dq, dk, dv = cfg.reference_backward(q, k, v, o, lse, do, q_len, kv_len)
   B, T, N, H = q.shape
   accum = (0,) if cfg.deterministic else (B, T, N, H)
   return dq, dk, dv, jnp.zeros((B, N, T), F32), jnp.zeros(accum, F32)
@@ -140,6 +153,62 @@ def _bwd_abstract(q, k, v, o, lse, do, *lengths, cfg):
   return list(_bwd_kernel_abstract(q, k, v, o, lse, do, None, None, cfg=cfg)[:3])
 
 
+def _ring_blocks(cfg):
+  """Ring attention's block ops (_ring.Blocks) on these primitives: a ring
+  step's mask is a static causal flag (offset 0) plus dynamic lengths."""
+  def block_cfg(causal, q_len, kv_len):
+    return dataclasses.replace(cfg, causal=causal, offset=0, window_left=_UNBOUNDED,
+                               window_right=_UNBOUNDED, has_q_lengths=q_len is not None,
+                               has_kv_lengths=kv_len is not None)
+
+  def fwd(q, k, v, *, causal, q_len, kv_len, q_seg=None, kv_seg=None):
+    assert q_seg is None and kv_seg is None, "the attention kernels take no segment ids"
+    c = block_cfg(causal, q_len, kv_len)
+    return tuple(_fwd_p.bind(q, k, v, *_lengths(c, q_len, kv_len), cfg=c))
+
+  def bwd(q, k, v, o, lse, do, *, causal, q_len, kv_len, q_seg=None, kv_seg=None):
+    assert q_seg is None and kv_seg is None, "the attention kernels take no segment ids"
+    c = block_cfg(causal, q_len, kv_len)
+    return tuple(_bwd_p.bind(q, k, v, o, lse, do, *_lengths(c, q_len, kv_len), cfg=c))
+
+  return _ring.Blocks(fwd, bwd)
+
+
+def _ring_fwd_local(cfg, ring, reorder, q, k, v):
+  """The partitioned forward of sequence-sharded inputs: ring attention on
+  contiguous shards (reordered into zig-zag ones and back when causal)."""
+  if reorder:
+    q, k, v = (_ring.to_zigzag(x, 1, ring) for x in (q, k, v))
+  o, lse = _ring.forward(_ring_blocks(cfg), ring, q, k, v)
+  if reorder:
+    o, lse = _ring.from_zigzag(o, 1, ring), _ring.from_zigzag(lse, 2, ring)
+  return [o, lse]
+
+
+def _ring_bwd_local(cfg, ring, reorder, q, k, v, o, lse, do):
+  if reorder:
+    q, k, v, o, do = (_ring.to_zigzag(x, 1, ring) for x in (q, k, v, o, do))
+    lse = _ring.to_zigzag(lse, 2, ring)
+  grads = _ring.backward(_ring_blocks(cfg), ring, q, k, v, o, lse, do)
+  return [_ring.from_zigzag(g, 1, ring) if reorder else g for g in grads]
+
+
+def _sequence_ring(cfg, mesh, spec, shapes):
+  """(Ring, reorder) when q is sharded along the sequence and the ring
+  applies, else None (the sequence is gathered). The ring needs T and S split
+  evenly, T == S when causal (its blocks' masks assume aligned shards), and no
+  lengths or window (their masks are not shifted per block)."""
+  seq = (tuple(spec or ()) + (None,) * 4)[1]
+  if seq is None:
+    return None
+  T, S = shapes[0][1], shapes[1][1]
+  size = math.prod(mesh.shape[a] for a in (seq if isinstance(seq, tuple) else (seq,)))
+  if (cfg.has_q_lengths or cfg.has_kv_lengths or cfg.windowed or T % size or S % size
+      or (cfg.causal and T != S)):
+    return None
+  return _ring.plan(seq, size, causal=cfg.causal, local_len=T // size, zigzag_input=False)
+
+
 def _head_specs(mesh, spec, num_kv_heads):
   """Batch and head mesh axes of q's sharding that the kernel can keep: a
   head axis only if it splits the KV heads evenly (GQA groups stay whole).
@@ -153,13 +222,20 @@ def _head_specs(mesh, spec, num_kv_heads):
   return batch, heads
 
 
-def _partitioned_maker(kind, local):
+def _partitioned_maker(kind, local, ring_local):
   """make_partitioned for the fwd or bwd primitive. Shardy's rule relates the
-  query heads to the KV heads as (k g): sharding KV heads shards their groups."""
+  query heads to the KV heads as (k g): sharding KV heads shards their groups.
+  A sequence-sharded q keeps its sequence axis (q, k, v, o, dO on axis 1, lse
+  on axis 2) and runs `ring_local` over it: the fwd and bwd primitives are
+  each partitioned into their half of ring attention."""
   def make(shapes, *, cfg):
     num_heads, num_kv_heads = shapes[0][2], shapes[1][2]
     n_len = cfg.has_q_lengths + cfg.has_kv_lengths
-    q_rule, kv_rule, lse_rule = "b t (k g) d", "b s k d", "b (k g) t"
+    # Shardy rejects a size-1 factor in a compound one: without GQA (g = 1)
+    # the query heads are the KV heads' factor itself.
+    groups = num_heads // num_kv_heads
+    heads = "(k g)" if groups > 1 else "k"
+    q_rule, kv_rule, lse_rule = f"b t {heads} d", "b s k d", f"b {heads} t"
     if kind == "fwd":
       operands, results = [q_rule, kv_rule, kv_rule], [q_rule, lse_rule]
     else:
@@ -168,14 +244,17 @@ def _partitioned_maker(kind, local):
 
     def choose(mesh, specs):
       b, h = _head_specs(mesh, specs[0], num_kv_heads)
-      blocks = {q_rule: P(b, None, h, None), kv_rule: P(b, None, h, None), lse_rule: P(b, h, None)}
+      ring = _sequence_ring(cfg, mesh, specs[0], shapes)
+      t = ring[0].axis_name if ring else None
+      blocks = {q_rule: P(b, t, h, None), kv_rule: P(b, t, h, None), lse_rule: P(b, h, t)}
       res = [blocks[r] for r in results]
-      return [blocks[r] for r in operands] + [P(b)] * n_len, res, [()] * len(res)
+      body = functools.partial(ring_local, cfg, *ring) if ring else None
+      return [blocks[r] for r in operands] + [P(b)] * n_len, res, [()] * len(res), body
 
     return _primitive.partitioned_call(
         functools.partial(local, cfg),
         sharding_rule=", ".join(operands + ["b"] * n_len) + " -> " + ", ".join(results),
-        choose_shardings=choose, g=num_heads // num_kv_heads)
+        choose_shardings=choose, **({"g": groups} if groups > 1 else {}))
   return make
 
 
@@ -193,11 +272,11 @@ def _batch_rule(prim, n_outputs):
 _fwd_p = _primitive.partitioned_primitive(
     "jaxcraft_attention_fwd", abstract_eval=_fwd_abstract,
     batching_rule=lambda args, dims, *, cfg: _batch_rule(_fwd_p, 2)(args, dims, cfg=cfg),
-    make_partitioned=_partitioned_maker("fwd", _fwd_local))
+    make_partitioned=_partitioned_maker("fwd", _fwd_local, _ring_fwd_local))
 _bwd_p = _primitive.partitioned_primitive(
     "jaxcraft_attention_bwd", abstract_eval=_bwd_abstract,
     batching_rule=lambda args, dims, *, cfg: _batch_rule(_bwd_p, 3)(args, dims, cfg=cfg),
-    make_partitioned=_partitioned_maker("bwd", _bwd_local))
+    make_partitioned=_partitioned_maker("bwd", _bwd_local, _ring_bwd_local))
 
 
 # ----------------------------------------------------------------- autodiff

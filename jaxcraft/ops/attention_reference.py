@@ -105,6 +105,64 @@ def attention_reference(
     return out, lse.reshape(B, N, T)
 
 
+def attention_backward_reference(
+    query,
+    key,
+    value,
+    out,
+    lse,
+    d_out,
+    *,
+    scale,
+    is_causal,
+    causal_offset,
+    query_seq_lengths,
+    key_value_seq_lengths,
+    window,
+    q_segment_ids=None,
+    kv_segment_ids=None,
+):
+    """Gradients (dq, dk, dv) given the forward's ``out`` and ``lse``, as
+    the backward kernel computes them (masks as ``attention_reference``).
+
+    Rebuilding the probabilities from the given ``lse`` (not from this call's
+    own logsumexp) is what lets a caller run it on one block of keys while
+    ``out`` and ``lse`` cover all keys (ring attention): the block's share of
+    the gradients comes out. With the full keys and the forward's own out
+    and lse it equals ``jax.vjp`` of ``attention_reference``.
+
+    Math (fp32, materializing one [B, N, T, S] block)::
+
+        p = exp(scale * q k^T - lse)        # 0 where masked, and for lse = -inf
+        dv = p^T dO;  dp = dO v^T;  delta = rowsum(dO * out)
+        ds = p * (dp - delta);  dq = scale * ds k;  dk = scale * ds^T q
+    """
+    B, T, N, H = query.shape
+    _, S, K, _ = key.shape
+    G = N // K
+    f32 = lambda x: x.astype(jnp.float32)
+    q = f32(query).reshape(B, T, K, G, H)
+    do = f32(d_out).reshape(B, T, K, G, H)
+    k, v = f32(key), f32(value)
+    hi = lax.Precision.HIGHEST
+    logits = jnp.einsum("btkgh,bskh->bkgts", q, k, precision=hi) * scale
+    visible = _visible(
+        T, S, N, K, None, is_causal, causal_offset, query_seq_lengths,
+        key_value_seq_lengths, window, q_segment_ids, kv_segment_ids,
+    )
+    lse = lse.reshape(B, K, G, T)[..., None]
+    has_keys = jnp.isfinite(lse)
+    # Rows with lse = -inf saw no key: their probabilities are 0, not exp(+inf).
+    probs = jnp.where(visible & has_keys, jnp.exp(logits - jnp.where(has_keys, lse, 0.0)), 0.0)
+    delta = jnp.sum(do * f32(out).reshape(B, T, K, G, H), axis=-1)  # [B, T, K, G]
+    dv = jnp.einsum("bkgts,btkgh->bskh", probs, do, precision=hi)
+    dp = jnp.einsum("btkgh,bskh->bkgts", do, v, precision=hi)
+    ds = probs * (dp - jnp.transpose(delta, (0, 2, 3, 1))[..., None]) * scale
+    dq = jnp.einsum("bkgts,bskh->btkgh", ds, k, precision=hi).reshape(B, T, N, H)
+    dk = jnp.einsum("bkgts,btkgh->bskh", ds, q, precision=hi)
+    return dq.astype(query.dtype), dk.astype(key.dtype), dv.astype(value.dtype)
+
+
 def _grouped_logits(query, key):
     """fp32 [B, K, G, T, S] logits, with jax.nn's precision choice.
 
@@ -198,4 +256,4 @@ def _masked_softmax(logits, visible):
     return probs, lse[..., 0]
 
 
-__all__ = ["attention_reference"]
+__all__ = ["attention_backward_reference", "attention_reference"]

@@ -1,0 +1,177 @@
+"""Ring attention: context parallelism for `dot_product_attention` inside
+`shard_map`.
+
+Flow: `ring_attention` (checks, zig-zag reorder, custom_vjp) -> `_ring.forward`
+/ `_ring.backward` (the ring schedule) -> per block, the attention kernel
+primitives (`attention._ring_blocks`), or with segment ids (which the kernels
+do not take yet) the pure-JAX block ops below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Hashable
+
+import jax
+import numpy as np
+from jax.ad_checkpoint import checkpoint_name
+
+from jaxcraft import remat
+from jaxcraft.ops import _checks, _primitive, _ring, attention
+from jaxcraft.ops.attention_reference import (
+  attention_backward_reference,
+  attention_reference,
+)
+
+LAYOUTS = ("contiguous", "zigzag")
+
+
+def _reference_blocks(scale):
+  """Blocks in pure JAX (segment ids, implementation="xla"): each materializes
+  one block's [B, N, T_local, S_local] logits."""
+  def masks(causal, q_len, kv_len, q_seg, kv_seg):
+    return dict(scale=scale, is_causal=causal, causal_offset=0, query_seq_lengths=q_len,
+                key_value_seq_lengths=kv_len, window=None, q_segment_ids=q_seg,
+                kv_segment_ids=kv_seg)
+
+  def fwd(q, k, v, *, causal, q_len, kv_len, q_seg, kv_seg):
+    return attention_reference(q, k, v, **masks(causal, q_len, kv_len, q_seg, kv_seg))
+
+  def bwd(q, k, v, o, lse, do, *, causal, q_len, kv_len, q_seg, kv_seg):
+    return attention_backward_reference(q, k, v, o, lse, do,
+                                        **masks(causal, q_len, kv_len, q_seg, kv_seg))
+
+  return _ring.Blocks(fwd, bwd)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+  ring: _ring.Ring
+  scale: float
+  implementation: str | None
+  deterministic: bool
+  kernel: bool  # the kernel blocks, else the pure-JAX ones
+
+  def blocks(self):
+    if not self.kernel:
+      return _reference_blocks(self.scale)
+    return attention._ring_blocks(attention._Config(
+        scale=self.scale, causal=False, offset=0, window_left=attention._UNBOUNDED,
+        window_right=attention._UNBOUNDED, has_q_lengths=False, has_kv_lengths=False,
+        implementation=self.implementation, deterministic=self.deterministic))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _ring_attention(q, k, v, q_seg, kv_seg, static):
+  return _ring_attention_fwd(q, k, v, q_seg, kv_seg, static)[0]
+
+
+def _ring_attention_fwd(q, k, v, q_seg, kv_seg, static):
+  o, lse = _ring.forward(static.blocks(), static.ring, q, k, v, q_seg, kv_seg)
+  # The names of jaxcraft.remat's policies: saving them spares the backward a ring forward.
+  o = checkpoint_name(o, remat.ATTENTION_OUT)
+  lse = checkpoint_name(lse, remat.ATTENTION_LSE)
+  return o, (q, k, v, o, lse, q_seg, kv_seg)
+
+
+def _ring_attention_bwd(static, saved, do):
+  q, k, v, o, lse, q_seg, kv_seg = saved
+  dq, dk, dv = _ring.backward(static.blocks(), static.ring, q, k, v, o, lse, do.astype(o.dtype),
+                              q_seg, kv_seg)
+  return dq, dk, dv, None, None
+
+
+_ring_attention.defvjp(_ring_attention_fwd, _ring_attention_bwd)
+
+
+def _axis_size(axis_name: Hashable) -> int:
+  names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
+  try:
+    return math.prod(jax.lax.axis_size(a) for a in names)
+  except NameError:
+    raise ValueError(f"ring_attention: axis_name {axis_name!r} is not a bound mesh axis; call it "
+                     "inside jax.shard_map with the sequence sharded over that axis") from None
+
+
+def _check_segment_ids(q_segment_ids, kv_segment_ids, batch, q_rows, kv_rows):
+  if (q_segment_ids is None) != (kv_segment_ids is None):
+    raise ValueError("q_segment_ids and kv_segment_ids must be given together")
+  if q_segment_ids is None:
+    return None, None
+  out = []
+  for name, ids, rows in (("q_segment_ids", q_segment_ids, q_rows),
+                          ("kv_segment_ids", kv_segment_ids, kv_rows)):
+    ids = _checks.as_array(name, ids)
+    if ids.dtype != np.int32:
+      raise TypeError(f"{name} must be int32; got dtype {ids.dtype}")
+    _checks.check_shape(name, ids, (batch, rows), "this device's shard: [B, local length]")
+    out.append(ids)
+  return tuple(out)
+
+
+def ring_attention(query, key, value, *, axis_name, is_causal=False, scale=None,
+                   q_segment_ids=None, kv_segment_ids=None, layout="contiguous",
+                   implementation=None, deterministic=False):
+  """`dot_product_attention` over a sequence sharded along `axis_name`, to be
+  called inside `jax.shard_map`. Arguments are this device's shards: query
+  [B, T, N, H], key/value [B, S, K, H] (N % K == 0; or unbatched, without B),
+  segment ids int32 [B, T] / [B, S]. The result is this device's shard of the
+  output, and matches `dot_product_attention` on the whole sequence.
+
+  K/V shards circulate around the ring (`ppermute` to the next device while
+  the current block computes); partial results merge by logsumexp in float32.
+  Forward and gradients run jaxcraft's attention kernels per block (segment
+  ids: a pure-JAX block, materializing one block's logits).
+
+  `layout` says how the sequence is split; it matters only with `is_causal`:
+  - "contiguous" (the default; what shard_map's in_specs produce): device d
+    holds the d-th slice. Causal attention reorders the shards into zig-zag
+    ones (one exchange of half of each of q, k, v and of the output, and in
+    the backward of dO and the gradients) for a balanced ring. An odd local
+    length cannot be halved: it runs the contiguous ring, whose last device
+    does `n` blocks of work and the first one.
+  - "zigzag": the caller's data is already in zig-zag order: the sequence cut
+    into 2n chunks, device d holding chunks d and 2n-1-d, concatenated (e.g.
+    tokens permuted once in the input pipeline). No reorder; the local length
+    must be even.
+  Causal needs T == S (top-left aligned on the whole sequence). Rows that see
+  no key anywhere give zeros (and zero gradients).
+  """
+  _primitive.check_implementation(implementation)
+  q, k, v = attention._check_qkv(query, key, value)
+  unbatched = q.ndim == 3
+  if unbatched:
+    q, k, v = q[None], k[None], v[None]
+    q_segment_ids, kv_segment_ids = (None if a is None else _checks.as_array(n, a)[None]
+                                     for n, a in (("q_segment_ids", q_segment_ids),
+                                                  ("kv_segment_ids", kv_segment_ids)))
+  B, T, _, H = q.shape
+  S = k.shape[1]
+  q_seg, kv_seg = _check_segment_ids(q_segment_ids, kv_segment_ids, B, T, S)
+  if layout not in LAYOUTS:
+    raise ValueError(f"layout must be 'contiguous' or 'zigzag'; got {layout!r}")
+  is_causal = bool(is_causal)
+  if is_causal and T != S:
+    raise ValueError(f"ring_attention: is_causal needs equal query and key/value shard lengths; "
+                     f"got {T} and {S}")
+  if is_causal and layout == "zigzag" and T % 2:
+    raise ValueError(f"layout='zigzag': the local length must be even (two chunks); got {T}")
+  scale = 1.0 / math.sqrt(H) if scale is None else _checks.static_float("scale", scale)
+  if implementation in _primitive.KERNEL_PLATFORMS and q_seg is not None:
+    raise ValueError(f"implementation={implementation!r}: the attention kernel does not support "
+                     "q_segment_ids yet; use implementation=None or 'xla'")
+  if implementation == "cuda" and (why := attention._cuda_unsupported(q.dtype, H)):
+    raise ValueError(f"implementation='cuda': {why}")
+
+  ring, reorder = _ring.plan(axis_name, _axis_size(axis_name), causal=is_causal, local_len=T,
+                             zigzag_input=layout == "zigzag")
+  static = _Static(ring, scale, implementation, bool(deterministic),
+                   kernel=q_seg is None and implementation != "xla")
+  if reorder:
+    q, k, v, q_seg, kv_seg = (_ring.to_zigzag(x, 1, ring) for x in (q, k, v, q_seg, kv_seg))
+  out = _ring_attention(q, k, v, q_seg, kv_seg, static)
+  if reorder:
+    out = _ring.from_zigzag(out, 1, ring)
+  return out[0] if unbatched else out
