@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -35,17 +36,28 @@ void parallel_for(const TaskRunner* runner, int64_t n, int64_t min_items, Fn fn)
   const int64_t size = (n + chunks - 1) / chunks;
   auto range = [&](int64_t c) { return std::pair(c * size, std::min(n, (c + 1) * size)); };
   if (runner) {
-    std::atomic<int64_t> pending{chunks - 1};
-    for (int64_t c = 1; c < chunks; ++c) {
-      runner->schedule([&, c] {
-        const auto [b, e] = range(c);
-        if (b < e) fn(b, e);
-        pending.fetch_sub(1, std::memory_order_release);
-      });
-    }
-    const auto [b, e] = range(0);
-    fn(b, e);
-    while (pending.load(std::memory_order_acquire) > 0) std::this_thread::yield();
+    // The caller and the pool tasks claim chunks from one shared counter, so
+    // the caller waits only for chunks a running task has claimed, never for
+    // a task still queued: XLA's pool may be busy with calls like this one
+    // (several virtual devices on few cores), each waiting on the others.
+    // A task that starts after every chunk is claimed touches only the
+    // shared counters, which outlive this call.
+    struct Counters {
+      std::atomic<int64_t> next{0}, done{0};
+    };
+    auto counters = std::make_shared<Counters>();
+    auto run = [&](int64_t c) {
+      const auto [b, e] = range(c);
+      if (b < e) fn(b, e);
+      counters->done.fetch_add(1, std::memory_order_release);
+    };
+    auto claim_all = [chunks](Counters& k, auto& run_chunk) {
+      for (int64_t c; (c = k.next.fetch_add(1, std::memory_order_relaxed)) < chunks;) run_chunk(c);
+    };
+    for (int64_t c = 1; c < chunks; ++c)
+      runner->schedule([counters, claim_all, &run] { claim_all(*counters, run); });
+    claim_all(*counters, run);
+    while (counters->done.load(std::memory_order_acquire) < chunks) std::this_thread::yield();
     return;
   }
   std::vector<std::thread> pool;
