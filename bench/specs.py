@@ -95,9 +95,6 @@ class RingSpec:
 
 RING_SPECS = [RingSpec(32768), RingSpec(131072)]
 # JAXCRAFT_BENCH_RING_SMOKE=1: the code path on 2 virtual CPU devices; the numbers mean nothing.
-# Small enough that each CPU kernel call stays on one thread: the CPU kernel's
-# fork-join waits for queued pool tasks, which deadlocks when every thread of
-# XLA's pool is itself a kernel call waiting (two virtual devices, two cores).
 RING_SMOKE_SPECS = [RingSpec(64, heads=2, head_dim=64)]
 
 

@@ -3,10 +3,10 @@ parity with single-device attention (computed tolerances), gradients, causal
 schedules, GQA, segment ids, the zig-zag layout, the collectives in the HLO,
 and sequence-sharded dot_product_attention in a sharded jit.
 
-Each kernel call stays below ~256k B*N*T*S*H, where the CPU kernel runs on one
-thread: its fork-join (cpp/cpu/parallel.h) spins until its queued tasks ran,
-which deadlocks when every thread of XLA's pool (two on a 2-core machine) is
-such a kernel call of another virtual device."""
+Shapes stay small: each CPU kernel call runs on one thread. (Larger ones
+once deadlocked the CPU kernels' fork-join on XLA's pool when every pool
+thread was a waiting kernel call; cpp/cpu/parallel.h now has the caller
+claim chunks itself instead of waiting for queued tasks.)"""
 
 import functools
 
