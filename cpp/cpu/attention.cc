@@ -21,50 +21,17 @@
 #include <vector>
 
 #include "common/host_float.h"
+#include "cpu/blocked.h"
 
 namespace jaxcraft {
 namespace {
+
+using namespace cpu;  // NOLINT: the shared row arithmetic and threading
 
 // A kBlockK x H float tile of K and of V (32 KiB each at H = 128), the Q and
 // accumulator tiles and a row of logits stay within a core's L2 cache.
 constexpr int64_t kBlockQ = 64;
 constexpr int64_t kBlockK = 64;
-
-// Independent partial sums in dot(): without -ffast-math the compiler may not
-// reassociate a single float accumulator, but it does vectorize these lanes.
-constexpr int kDotLanes = 8;
-
-// Below about this many multiply-adds per thread, starting a thread costs
-// more than it saves.
-constexpr double kMinWorkPerThread = double{1 << 20};
-
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// ---------------------------------------------------------------------------
-// Vector primitives over one head_dim-long row (contiguous, so vectorizable).
-
-float dot(const float* a, const float* b, int64_t n) {
-  float partial[kDotLanes] = {};
-  int64_t h = 0;
-  for (; h + kDotLanes <= n; h += kDotLanes) {
-    for (int lane = 0; lane < kDotLanes; ++lane) partial[lane] += a[h + lane] * b[h + lane];
-  }
-  float sum = 0.f;
-  for (; h < n; ++h) sum += a[h] * b[h];
-  for (int lane = 0; lane < kDotLanes; ++lane) sum += partial[lane];
-  return sum;
-}
-
-// y += alpha * x
-void axpy(float alpha, const float* x, float* y, int64_t n) {
-  for (int64_t h = 0; h < n; ++h) y[h] += alpha * x[h];
-}
-
-void scale_row(float alpha, float* y, int64_t n) {
-  for (int64_t h = 0; h < n; ++h) y[h] *= alpha;
-}
 
 // ---------------------------------------------------------------------------
 // Tiles: rows of a [B, L, heads, H] tensor for fixed (b, head) are `heads * H`
@@ -116,12 +83,6 @@ WorkItem split_item(int64_t item, int64_t heads, int64_t blocks) {
 // Masking. Every bound in AttentionMask is a lower or an upper limit on the
 // key index, so the keys a row sees are one half-open interval [begin, end).
 
-struct KeyRange {
-  int64_t begin = 0;
-  int64_t end = 0;
-  bool empty() const { return begin >= end; }
-};
-
 KeyRange intersect(KeyRange a, KeyRange b) {
   return {std::max(a.begin, b.begin), std::min(a.end, b.end)};
 }
@@ -169,34 +130,6 @@ struct BlockSpan {
 BlockSpan blocks_of(KeyRange r, int64_t block) {
   if (r.empty()) return {};
   return {r.begin / block, ceil_div(r.end, block)};
-}
-
-// ---------------------------------------------------------------------------
-// Threading. Each thread builds its own worker (which owns its scratch
-// tiles) and pulls item indices from a shared counter. Items write disjoint
-// outputs and compute them in a fixed order, so results do not depend on
-// which thread ran which item.
-
-template <typename MakeWorker>
-void for_each_item(const TaskRunner* runner, int64_t num_items, double work_per_item,
-                   MakeWorker make_worker) {
-  if (num_items <= 0) return;
-  const int64_t hardware =
-      runner ? runner->num_threads() + 1 : std::max<int64_t>(1, std::thread::hardware_concurrency());
-  const auto by_work =
-      static_cast<int64_t>(static_cast<double>(num_items) * work_per_item / kMinWorkPerThread);
-  const int64_t num_threads = std::max<int64_t>(1, std::min({hardware, num_items, by_work}));
-
-  std::atomic<int64_t> next{0};
-  // One worker loop per thread slot; the slots run on `runner` (XLA's pool).
-  parallel_for(runner, num_threads, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t slot = begin; slot < end; ++slot) {
-      auto worker = make_worker();
-      for (int64_t item = next.fetch_add(1); item < num_items; item = next.fetch_add(1)) {
-        worker(item);
-      }
-    }
-  });
 }
 
 // ---------------------------------------------------------------------------

@@ -18,17 +18,16 @@
 #include <vector>
 
 #include "common/host_float.h"
+#include "cpu/blocked.h"
 
 namespace jaxcraft {
 namespace {
 
+using namespace cpu;  // NOLINT: the shared row arithmetic and threading
+
 // A kBlockK x H float tile of K and of V (32 KiB each at H = 128) stays in a
 // core's L2 cache next to the G * Tq rows of Q and accumulators.
 constexpr int64_t kBlockK = 64;
-
-// Independent partial sums in dot(): without -ffast-math the compiler may not
-// reassociate a single float accumulator, but it does vectorize these lanes.
-constexpr int kDotLanes = 8;
 
 // Splits only serve to occupy every thread: a few items per thread even out
 // ragged lengths, and a split shorter than this many keys costs more in its
@@ -36,61 +35,10 @@ constexpr int kDotLanes = 8;
 constexpr int64_t kItemsPerThread = 4;
 constexpr int64_t kMinKeysPerSplit = 256;
 
-// Below about this many multiply-adds per thread, starting a thread costs
-// more than it saves.
-constexpr double kMinWorkPerThread = double{1 << 20};
-
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-float dot(const float* a, const float* b, int64_t n) {
-  float partial[kDotLanes] = {};
-  int64_t h = 0;
-  for (; h + kDotLanes <= n; h += kDotLanes) {
-    for (int lane = 0; lane < kDotLanes; ++lane) partial[lane] += a[h + lane] * b[h + lane];
-  }
-  float sum = 0.f;
-  for (; h < n; ++h) sum += a[h] * b[h];
-  for (int lane = 0; lane < kDotLanes; ++lane) sum += partial[lane];
-  return sum;
-}
-
 template <typename Elem>
 void load_row(const Elem* src, int64_t n, float* dst) {
   for (int64_t h = 0; h < n; ++h) dst[h] = to_float(src[h]);
 }
-
-int64_t num_workers(const TaskRunner* runner) {
-  return runner ? runner->num_threads() + 1
-                : std::max<int64_t>(1, std::thread::hardware_concurrency());
-}
-
-// Runs worker(item) for every item in [0, num_items) on up to num_workers()
-// threads, each with its own worker (and scratch) from make_worker().
-template <typename MakeWorker>
-void for_each_item(const TaskRunner* runner, int64_t num_items, double work_per_item,
-                   MakeWorker make_worker) {
-  if (num_items <= 0) return;
-  const auto by_work =
-      static_cast<int64_t>(static_cast<double>(num_items) * work_per_item / kMinWorkPerThread);
-  const int64_t threads = std::max<int64_t>(1, std::min({num_workers(runner), num_items, by_work}));
-  std::atomic<int64_t> next{0};
-  parallel_for(runner, threads, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t slot = begin; slot < end; ++slot) {
-      auto worker = make_worker();
-      for (int64_t item = next.fetch_add(1); item < num_items; item = next.fetch_add(1)) {
-        worker(item);
-      }
-    }
-  });
-}
-
-struct KeyRange {
-  int64_t begin = 0;
-  int64_t end = 0;
-  bool empty() const { return begin >= end; }
-};
 
 // Keys of sequence b seen by query token t, and the keys any token of the
 // sequence sees (the span the splits divide).

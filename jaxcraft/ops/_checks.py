@@ -41,3 +41,20 @@ def static_float(name: str, value) -> float:
     return float(value)
   except (TypeError, ValueError):
     raise TypeError(f"{name} must be a float; got {value!r}") from None
+
+
+def window(local_window_size) -> tuple[int, int] | None:
+  """`local_window_size` (None, an int w meaning (w, w) as in jax.nn, or a
+  (left, right) pair of non-negative ints) as (left, right), or None."""
+  if local_window_size is None:
+    return None
+  if isinstance(local_window_size, (int, np.integer)):
+    local_window_size = (local_window_size, local_window_size)
+  try:
+    left, right = (int(w) for w in local_window_size)
+  except (TypeError, ValueError):
+    raise TypeError("local_window_size must be an int or a (left, right) pair of ints; "
+                    f"got {local_window_size!r}") from None
+  if left < 0 or right < 0:
+    raise ValueError(f"local_window_size must be >= 0; got {(left, right)}")
+  return left, right

@@ -314,18 +314,8 @@ _ALIGNMENTS = ("top_left", "bottom_right")
 
 
 def _window(local_window_size):
-  if local_window_size is None:
-    return _UNBOUNDED, _UNBOUNDED
-  if isinstance(local_window_size, (int, np.integer)):
-    local_window_size = (local_window_size, local_window_size)
-  try:
-    left, right = (int(w) for w in local_window_size)
-  except (TypeError, ValueError):
-    raise TypeError("local_window_size must be an int or a (left, right) pair of ints; "
-                    f"got {local_window_size!r}") from None
-  if left < 0 or right < 0:
-    raise ValueError(f"local_window_size must be >= 0; got {(left, right)}")
-  return left, right
+  window = _checks.window(local_window_size)
+  return window if window is not None else (_UNBOUNDED, _UNBOUNDED)
 
 
 def _check_lengths(name, lengths, batch):

@@ -234,18 +234,8 @@ def _decode_jvp(cfg, primals, tangents):
 
 # ------------------------------------------------------------- public API
 def _window_left(local_window_size) -> int:
-  if local_window_size is None:
-    return _UNBOUNDED
-  if isinstance(local_window_size, (int, np.integer)):
-    local_window_size = (local_window_size, local_window_size)
-  try:
-    left, right = (int(w) for w in local_window_size)
-  except (TypeError, ValueError):
-    raise TypeError("local_window_size must be an int or a (left, right) pair of ints; "
-                    f"got {local_window_size!r}") from None
-  if left < 0 or right < 0:
-    raise ValueError(f"local_window_size must be >= 0; got {(left, right)}")
-  return left
+  window = _checks.window(local_window_size)  # the right bound is moot under causality
+  return _UNBOUNDED if window is None else window[0]
 
 
 def _check_int32(name, x, expected_ndim, what):

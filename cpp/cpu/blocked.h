@@ -1,0 +1,86 @@
+// Pieces shared by the blocked CPU attention kernels (attention.cc,
+// decode_attention.cc): float row arithmetic on head_dim-long rows, key
+// intervals, and the work-item threading over XLA's pool.
+#pragma once
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <limits>
+#include <thread>
+
+#include "cpu/parallel.h"
+
+namespace jaxcraft {
+namespace cpu {
+
+// Independent partial sums in dot(): without -ffast-math the compiler may not
+// reassociate a single float accumulator, but it does vectorize these lanes.
+constexpr int kDotLanes = 8;
+
+// Below about this many multiply-adds per thread, starting a thread costs
+// more than it saves.
+constexpr double kMinWorkPerThread = double{1 << 20};
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  float partial[kDotLanes] = {};
+  int64_t h = 0;
+  for (; h + kDotLanes <= n; h += kDotLanes) {
+    for (int lane = 0; lane < kDotLanes; ++lane) partial[lane] += a[h + lane] * b[h + lane];
+  }
+  float sum = 0.f;
+  for (; h < n; ++h) sum += a[h] * b[h];
+  for (int lane = 0; lane < kDotLanes; ++lane) sum += partial[lane];
+  return sum;
+}
+
+// y += alpha * x
+inline void axpy(float alpha, const float* x, float* y, int64_t n) {
+  for (int64_t h = 0; h < n; ++h) y[h] += alpha * x[h];
+}
+
+inline void scale_row(float alpha, float* y, int64_t n) {
+  for (int64_t h = 0; h < n; ++h) y[h] *= alpha;
+}
+
+// Every mask bound is a lower or an upper limit on the key index, so the keys
+// a row sees are one half-open interval [begin, end).
+struct KeyRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+  bool empty() const { return begin >= end; }
+};
+
+inline int64_t num_workers(const TaskRunner* runner) {
+  return runner ? runner->num_threads() + 1
+                : std::max<int64_t>(1, std::thread::hardware_concurrency());
+}
+
+// Runs worker(item) for every item in [0, num_items). Each thread builds its
+// own worker (which owns its scratch) and pulls item indices from a shared
+// counter. Items write disjoint outputs and compute them in a fixed order, so
+// results do not depend on which thread ran which item.
+template <typename MakeWorker>
+void for_each_item(const TaskRunner* runner, int64_t num_items, double work_per_item,
+                   MakeWorker make_worker) {
+  if (num_items <= 0) return;
+  const auto by_work =
+      static_cast<int64_t>(static_cast<double>(num_items) * work_per_item / kMinWorkPerThread);
+  const int64_t threads = std::max<int64_t>(1, std::min({num_workers(runner), num_items, by_work}));
+  std::atomic<int64_t> next{0};
+  // One worker loop per thread slot; the slots run on `runner` (XLA's pool).
+  parallel_for(runner, threads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t slot = begin; slot < end; ++slot) {
+      auto worker = make_worker();
+      for (int64_t item = next.fetch_add(1); item < num_items; item = next.fetch_add(1)) {
+        worker(item);
+      }
+    }
+  });
+}
+
+}  // namespace cpu
+}  // namespace jaxcraft
