@@ -46,17 +46,17 @@ void parallel_for(const TaskRunner* runner, int64_t n, int64_t min_items, Fn fn)
       std::atomic<int64_t> next{0}, done{0};
     };
     auto counters = std::make_shared<Counters>();
-    auto run = [&](int64_t c) {
-      const auto [b, e] = range(c);
-      if (b < e) fn(b, e);
-      counters->done.fetch_add(1, std::memory_order_release);
+    // `range` and `fn` (this call's locals) are touched only after a
+    // successful claim, which the caller waits for below.
+    auto claim_and_run = [counters, chunks, &range, &fn] {
+      for (int64_t c; (c = counters->next.fetch_add(1, std::memory_order_relaxed)) < chunks;) {
+        const auto [b, e] = range(c);
+        if (b < e) fn(b, e);
+        counters->done.fetch_add(1, std::memory_order_release);
+      }
     };
-    auto claim_all = [chunks](Counters& k, auto& run_chunk) {
-      for (int64_t c; (c = k.next.fetch_add(1, std::memory_order_relaxed)) < chunks;) run_chunk(c);
-    };
-    for (int64_t c = 1; c < chunks; ++c)
-      runner->schedule([counters, claim_all, &run] { claim_all(*counters, run); });
-    claim_all(*counters, run);
+    for (int64_t c = 1; c < chunks; ++c) runner->schedule(claim_and_run);
+    claim_and_run();
     while (counters->done.load(std::memory_order_acquire) < chunks) std::this_thread::yield();
     return;
   }
