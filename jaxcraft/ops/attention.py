@@ -22,6 +22,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxcraft import _ffi, remat
 from jaxcraft.ops import _checks, _primitive, _ring
+from jaxcraft.ops.attention_dropout import dropout_key_words, dropout_keep_mask
 from jaxcraft.ops.attention_reference import (
   attention_backward_reference,
   attention_reference,
@@ -36,6 +37,14 @@ _CUDA_HEAD_DIM_MULTIPLE = 8
 _UNBOUNDED = -1  # window bound meaning "no limit" in AttentionMask
 
 
+# Optional operands, in the order the primitives take the present ones and
+# the FFI handlers take all of them (absent: a zero-sized placeholder).
+_OPTIONAL = ("q_len", "kv_len", "bias", "mask", "q_seg", "kv_seg", "dropout_key")
+_PLACEHOLDER_DTYPES = dict(q_len=I32, kv_len=I32, bias=F32, mask=jnp.bool_, q_seg=I32,
+                           kv_seg=I32, dropout_key=jnp.uint32)
+_SEGMENT_BLOCK = 64  # kSegmentBlock in cpp/kernels/attention/params.h
+
+
 @dataclasses.dataclass(frozen=True)
 class _Config:
   """Static params shared by the forward and backward primitives."""
@@ -44,30 +53,54 @@ class _Config:
   offset: int
   window_left: int
   window_right: int
-  has_q_lengths: bool
-  has_kv_lengths: bool
   implementation: str | None
   deterministic: bool = False
+  present: tuple[str, ...] = ()  # the optional operands given (_OPTIONAL order)
+  softcap: float = 0.0           # 0: none
+  dropout_rate: float = 0.0
+  dropout_broadcast: bool = False
 
   def ffi_attrs(self):
     return dict(scale=np.float32(self.scale), causal=self.causal, offset=np.int64(self.offset),
-                window_left=np.int64(self.window_left), window_right=np.int64(self.window_right))
+                window_left=np.int64(self.window_left), window_right=np.int64(self.window_right),
+                softcap=np.float32(self.softcap), dropout_rate=np.float32(self.dropout_rate),
+                dropout_broadcast=self.dropout_broadcast)
 
   @property
   def windowed(self) -> bool:
     return (self.window_left, self.window_right) != (_UNBOUNDED, _UNBOUNDED)
 
-  def _reference_masks(self, q_len, kv_len):
+  def has(self, name: str) -> bool:
+    return name in self.present
+
+  def split(self, optional) -> dict:
+    """The present optional operands by name (absent ones: None)."""
+    given = dict(zip(self.present, optional))
+    return {name: given.get(name) for name in _OPTIONAL}
+
+  def _reference_args(self, x, shape):
+    """attention_reference's keywords for optional operands `x` (a dict as
+    `split` gives; empty arrays count as absent)."""
+    x = {n: (None if a is None or a.size == 0 else a) for n, a in x.items()}
+    keep = None
+    if x["dropout_key"] is not None:
+      keep = dropout_keep_mask(x["dropout_key"], self.dropout_rate, shape,
+                               broadcast=self.dropout_broadcast)
     return dict(scale=self.scale, is_causal=self.causal, causal_offset=self.offset,
-                query_seq_lengths=q_len if q_len.size else None,
-                key_value_seq_lengths=kv_len if kv_len.size else None,
-                window=(self.window_left, self.window_right) if self.windowed else None)
+                query_seq_lengths=x["q_len"], key_value_seq_lengths=x["kv_len"],
+                window=(self.window_left, self.window_right) if self.windowed else None,
+                bias=x["bias"], mask=x["mask"], q_segment_ids=x["q_seg"],
+                kv_segment_ids=x["kv_seg"], logit_soft_cap=self.softcap or None,
+                dropout_rate=self.dropout_rate, dropout_keep=keep)
 
-  def reference(self, q, k, v, q_len, kv_len):
-    return attention_reference(q, k, v, **self._reference_masks(q_len, kv_len))
+  def reference(self, q, k, v, x):
+    B, T, N, _ = q.shape
+    return attention_reference(q, k, v, **self._reference_args(x, (B, N, T, k.shape[1])))
 
-  def reference_backward(self, q, k, v, o, lse, do, q_len, kv_len):
-    return attention_backward_reference(q, k, v, o, lse, do, **self._reference_masks(q_len, kv_len))
+  def reference_backward(self, q, k, v, o, lse, do, x):
+    B, T, N, _ = q.shape
+    return attention_backward_reference(q, k, v, o, lse, do,
+                                        **self._reference_args(x, (B, N, T, k.shape[1])))
 
 
 def _cuda_unsupported(dtype, head_dim) -> str | None:
@@ -84,12 +117,23 @@ def _unsupported(platform, avals_in, *, cfg):
   return _cuda_unsupported(q.dtype, q.shape[-1]) if platform == "cuda" else None
 
 
-def _empty_lengths():
-  return jnp.zeros((0,), I32)
-
-
 # ------------------------------------------------------- kernel primitives
-def _fwd_kernel_abstract(q, k, v, q_len, kv_len, *, cfg):
+# Kernel primitives take every optional operand (placeholders for absent
+# ones) plus the segment tile ranges, in the FFI handlers' order.
+_KERNEL_OPTIONAL = ("q_len", "kv_len", "bias", "mask", "q_seg", "kv_seg", "seg_key_range",
+                    "seg_query_range", "dropout_key")
+
+
+def _kernel_dict(optional):
+  return dict(zip(_KERNEL_OPTIONAL, optional))
+
+
+def _dbias_aval(q, bias):
+  shape = bias.shape if bias is not None and bias.size else (0,)
+  return _primitive.result_aval(q, shape, F32)
+
+
+def _fwd_kernel_abstract(q, k, v, *optional, cfg):
   B, T, N, _ = q.shape
   spec = _primitive.row_spec(q, 3)
   return (_primitive.result_aval(q, q.shape, q.dtype, spec),
@@ -99,26 +143,32 @@ def _fwd_kernel_abstract(q, k, v, q_len, kv_len, *, cfg):
 _fwd_kernel_p = _primitive.kernel_primitive(
     "jaxcraft_attention_fwd_kernel", target=_ffi.ATTENTION_FWD,
     abstract_eval=_fwd_kernel_abstract,
-    reference=lambda q, k, v, ql, kl, *, cfg: cfg.reference(q, k, v, ql, kl),
+    reference=lambda q, k, v, *opt, cfg: cfg.reference(q, k, v, _kernel_dict(opt)),
     ffi_attrs=lambda *, cfg: cfg.ffi_attrs(),
     unsupported=_unsupported)
 
 
-def _bwd_kernel_abstract(q, k, v, o, lse, do, q_len, kv_len, *, cfg):
+def _bwd_kernel_abstract(q, k, v, o, lse, do, *optional, cfg):
   B, T, N, H = q.shape
   like = lambda a, x: _primitive.result_aval(x, a.shape, a.dtype, _primitive.row_spec(a, a.ndim))
   scratch = lambda shape: _primitive.result_aval(q, shape, F32)
   accum = (0,) if cfg.deterministic else (B, T, N, H)
-  return like(q, q), like(k, k), like(v, v), scratch((B, N, T)), scratch(accum)
+  return (like(q, q), like(k, k), like(v, v), scratch((B, N, T)), scratch(accum),
+          _dbias_aval(q, _kernel_dict(optional).get("bias")))
 
 
-def _bwd_kernel_reference(q, k, v, o, lse, do, q_len, kv_len, *, cfg):
+def _bwd_kernel_reference(q, k, v, o, lse, do, *optional, cfg):
   # From the given o and lse, as the kernel: a ring attention block passes the
   # global ones, which differ from this block's own.
-  dq, dk, dv = cfg.reference_backward(q, k, v, o, lse, do, q_len, kv_len)
+  x = _kernel_dict(optional)
+  dq, dk, dv, dbias = cfg.reference_backward(q, k, v, o, lse, do, x)
   B, T, N, H = q.shape
   accum = (0,) if cfg.deterministic else (B, T, N, H)
-  return dq, dk, dv, jnp.zeros((B, N, T), F32), jnp.zeros(accum, F32)
+  if dbias is None:
+    dbias = jnp.zeros((0,), F32)
+  else:  # summed over the axes the bias broadcasts
+    dbias = jnp.sum(dbias, axis=tuple(a for a in (0, 1) if x["bias"].shape[a] == 1), keepdims=True)
+  return dq, dk, dv, jnp.zeros((B, N, T), F32), jnp.zeros(accum, F32), dbias
 
 
 _bwd_kernel_p = _primitive.kernel_primitive(
@@ -129,47 +179,87 @@ _bwd_kernel_p = _primitive.kernel_primitive(
 
 
 # ------------------------------------------------- partitioned primitives
-def _split_lengths(cfg, rest):
-  rest = list(rest)
-  q_len = rest.pop(0) if cfg.has_q_lengths else _empty_lengths()
-  kv_len = rest.pop(0) if cfg.has_kv_lengths else _empty_lengths()
-  return q_len, kv_len
+def _block_min_max(ids):
+  """Per 64-position block of ids [B, L]: (min, max), each [B, ceil(L / 64)]."""
+  B, L = ids.shape
+  pad = -L % _SEGMENT_BLOCK
+  blocks = jnp.pad(ids, ((0, 0), (0, pad)), mode="edge").reshape(B, -1, _SEGMENT_BLOCK)
+  return blocks.min(-1), blocks.max(-1)
 
 
-def _fwd_local(cfg, q, k, v, *lengths):
-  return list(_fwd_kernel_p.bind(q, k, v, *_split_lengths(cfg, lengths), cfg=cfg))
+def _first_last_ranges(overlap, length):
+  """For overlap [B, R, C] (block r may share an id with block c): per r the
+  element range [first c * 64, (last c + 1) * 64) clipped to `length`, or
+  (length, 0) when no block overlaps. Int32 [B, R, 2]."""
+  C = overlap.shape[-1]
+  any_ = overlap.any(-1)
+  first = jnp.argmax(overlap, -1)
+  last = C - 1 - jnp.argmax(overlap[..., ::-1], -1)
+  lo = jnp.where(any_, first * _SEGMENT_BLOCK, length)
+  hi = jnp.where(any_, jnp.minimum((last + 1) * _SEGMENT_BLOCK, length), 0)
+  return jnp.stack([lo, hi], -1).astype(I32)
 
 
-def _bwd_local(cfg, q, k, v, o, lse, do, *lengths):
-  dq, dk, dv, _, _ = _bwd_kernel_p.bind(q, k, v, o, lse, do, *_split_lengths(cfg, lengths), cfg=cfg)
-  return [dq, dk, dv]
+def _segment_ranges(q_seg, kv_seg):
+  """The kernels' tile ranges for segment ids (params.h: AttentionMask):
+  which keys each 64-row block may see and which rows each 64-key block may
+  be seen by. Exact for sorted ids; a superset (still correct) otherwise."""
+  q_min, q_max = _block_min_max(q_seg)
+  k_min, k_max = _block_min_max(kv_seg)
+  overlap = (q_min[:, :, None] <= k_max[:, None, :]) & (k_min[:, None, :] <= q_max[:, :, None])
+  return (_first_last_ranges(overlap, kv_seg.shape[1]),
+          _first_last_ranges(jnp.swapaxes(overlap, 1, 2), q_seg.shape[1]))
 
 
-def _fwd_abstract(q, k, v, *lengths, cfg):
-  return list(_fwd_kernel_abstract(q, k, v, None, None, cfg=cfg))
+def _kernel_operands(cfg, optional):
+  """The kernel primitives' optional operands from the present ones."""
+  x = cfg.split(optional)
+  if x["q_seg"] is not None:
+    x["seg_key_range"], x["seg_query_range"] = _segment_ranges(x["q_seg"], x["kv_seg"])
+  placeholder = lambda n: jnp.zeros((0,), _PLACEHOLDER_DTYPES.get(n, I32))
+  return [x.get(n) if x.get(n) is not None else placeholder(n) for n in _KERNEL_OPTIONAL]
 
 
-def _bwd_abstract(q, k, v, o, lse, do, *lengths, cfg):
-  return list(_bwd_kernel_abstract(q, k, v, o, lse, do, None, None, cfg=cfg)[:3])
+def _fwd_local(cfg, q, k, v, *optional):
+  return list(_fwd_kernel_p.bind(q, k, v, *_kernel_operands(cfg, optional), cfg=cfg))
+
+
+def _bwd_local(cfg, q, k, v, o, lse, do, *optional):
+  dq, dk, dv, _, _, dbias = _bwd_kernel_p.bind(q, k, v, o, lse, do,
+                                               *_kernel_operands(cfg, optional), cfg=cfg)
+  return [dq, dk, dv] + ([dbias] if cfg.has("bias") else [])
+
+
+def _fwd_abstract(q, k, v, *optional, cfg):
+  return list(_fwd_kernel_abstract(q, k, v, cfg=cfg))
+
+
+def _bwd_abstract(q, k, v, o, lse, do, *optional, cfg):
+  outs = _bwd_kernel_abstract(q, k, v, o, lse, do, cfg=cfg)[:3]
+  bias = cfg.split(optional)["bias"]
+  return list(outs) + ([_dbias_aval(q, bias)] if bias is not None else [])
 
 
 def _ring_blocks(cfg):
   """Ring attention's block ops (_ring.Blocks) on these primitives: a ring
   step's mask is a static causal flag (offset 0) plus dynamic lengths."""
   def block_cfg(causal, q_len, kv_len):
+    present = tuple(n for n, a in (("q_len", q_len), ("kv_len", kv_len)) if a is not None)
     return dataclasses.replace(cfg, causal=causal, offset=0, window_left=_UNBOUNDED,
-                               window_right=_UNBOUNDED, has_q_lengths=q_len is not None,
-                               has_kv_lengths=kv_len is not None)
+                               window_right=_UNBOUNDED, present=present)
+
+  def given(q_len, kv_len):
+    return [a for a in (q_len, kv_len) if a is not None]
 
   def fwd(q, k, v, *, causal, q_len, kv_len, q_seg=None, kv_seg=None):
-    assert q_seg is None and kv_seg is None, "the attention kernels take no segment ids"
+    assert q_seg is None and kv_seg is None, "ring blocks take no segment ids"
     c = block_cfg(causal, q_len, kv_len)
-    return tuple(_fwd_p.bind(q, k, v, *_lengths(c, q_len, kv_len), cfg=c))
+    return tuple(_fwd_p.bind(q, k, v, *given(q_len, kv_len), cfg=c))
 
   def bwd(q, k, v, o, lse, do, *, causal, q_len, kv_len, q_seg=None, kv_seg=None):
-    assert q_seg is None and kv_seg is None, "the attention kernels take no segment ids"
+    assert q_seg is None and kv_seg is None, "ring blocks take no segment ids"
     c = block_cfg(causal, q_len, kv_len)
-    return tuple(_bwd_p.bind(q, k, v, o, lse, do, *_lengths(c, q_len, kv_len), cfg=c))
+    return tuple(_bwd_p.bind(q, k, v, o, lse, do, *given(q_len, kv_len), cfg=c))
 
   return _ring.Blocks(fwd, bwd)
 
@@ -197,14 +287,15 @@ def _sequence_ring(cfg, mesh, spec, shapes):
   """(Ring, reorder) when q is sharded along the sequence and the ring
   applies, else None (the sequence is gathered). The ring needs T and S split
   evenly, T == S when causal (its blocks' masks assume aligned shards), and no
-  lengths or window (their masks are not shifted per block)."""
+  optional operand or window (their masks are not shifted per block)."""
   seq = (tuple(spec or ()) + (None,) * 4)[1]
   if seq is None:
     return None
   T, S = shapes[0][1], shapes[1][1]
   size = math.prod(mesh.shape[a] for a in (seq if isinstance(seq, tuple) else (seq,)))
-  if (cfg.has_q_lengths or cfg.has_kv_lengths or cfg.windowed or T % size or S % size
-      or (cfg.causal and T != S)):
+  # Lengths, windows, segment ids, bias, mask and dropout all index the
+  # global sequence, which ring blocks do not see.
+  if (cfg.present or cfg.windowed or T % size or S % size or (cfg.causal and T != S)):
     return None
   return _ring.plan(seq, size, causal=cfg.causal, local_len=T // size, zigzag_input=False)
 
@@ -222,6 +313,28 @@ def _head_specs(mesh, spec, num_kv_heads):
   return batch, heads
 
 
+def _optional_rules(cfg, shapes, heads):
+  """Shardy factors of the present optional operands (`shapes` lists them
+  after q, k, v): lengths and segment ids follow the batch; bias and mask
+  [1|B, 1|N, T, S] the batch and query heads where not broadcast."""
+  B, N = shapes[0][0], shapes[0][2]
+  broadcastable = lambda shape: (f"{'b' if shape[0] == B else 'b1'} "
+                                 f"{heads if shape[1] == N else 'n1'} t s")
+  rules = dict(q_len="b", kv_len="b", q_seg="b t", kv_seg="b s", dropout_key="r")
+  shape_of = dict(zip(cfg.present, shapes[-len(cfg.present):] if cfg.present else ()))
+  return [rules.get(n) or broadcastable(shape_of[n]) for n in cfg.present]
+
+
+def _optional_specs(cfg, shapes, b, h):
+  B, N = shapes[0][0], shapes[0][2]
+  shape_of = dict(zip(cfg.present, shapes[-len(cfg.present):] if cfg.present else ()))
+  specs = dict(q_len=P(b), kv_len=P(b), q_seg=P(b, None), kv_seg=P(b, None),
+               dropout_key=P(None))
+  broadcastable = lambda shape: P(b if shape[0] == B else None, h if shape[1] == N else None,
+                                  None, None)
+  return [specs.get(n) or broadcastable(shape_of[n]) for n in cfg.present]
+
+
 def _partitioned_maker(kind, local, ring_local):
   """make_partitioned for the fwd or bwd primitive. Shardy's rule relates the
   query heads to the KV heads as (k g): sharding KV heads shards their groups.
@@ -230,80 +343,113 @@ def _partitioned_maker(kind, local, ring_local):
   each partitioned into their half of ring attention."""
   def make(shapes, *, cfg):
     num_heads, num_kv_heads = shapes[0][2], shapes[1][2]
-    n_len = cfg.has_q_lengths + cfg.has_kv_lengths
     # Shardy rejects a size-1 factor in a compound one: without GQA (g = 1)
     # the query heads are the KV heads' factor itself.
     groups = num_heads // num_kv_heads
     heads = "(k g)" if groups > 1 else "k"
     q_rule, kv_rule, lse_rule = f"b t {heads} d", "b s k d", f"b {heads} t"
+    optional = _optional_rules(cfg, shapes, heads)
     if kind == "fwd":
       operands, results = [q_rule, kv_rule, kv_rule], [q_rule, lse_rule]
     else:
       operands = [q_rule, kv_rule, kv_rule, q_rule, lse_rule, q_rule]
-      results = [q_rule, kv_rule, kv_rule]
+      results = [q_rule, kv_rule, kv_rule] + ([optional[cfg.present.index("bias")]]
+                                              if cfg.has("bias") else [])
 
     def choose(mesh, specs):
       b, h = _head_specs(mesh, specs[0], num_kv_heads)
       ring = _sequence_ring(cfg, mesh, specs[0], shapes)
       t = ring[0].axis_name if ring else None
       blocks = {q_rule: P(b, t, h, None), kv_rule: P(b, t, h, None), lse_rule: P(b, h, t)}
-      res = [blocks[r] for r in results]
+      extra = _optional_specs(cfg, shapes, b, h)
+      res = [blocks[r] for r in results[:len(results) - cfg.has("bias")]]
+      if kind == "bwd" and cfg.has("bias"):
+        res.append(extra[cfg.present.index("bias")])
       body = functools.partial(ring_local, cfg, *ring) if ring else None
-      return [blocks[r] for r in operands] + [P(b)] * n_len, res, [()] * len(res), body
+      return [blocks[r] for r in operands] + extra, res, [()] * len(res), body
 
     return _primitive.partitioned_call(
         functools.partial(local, cfg),
-        sharding_rule=", ".join(operands + ["b"] * n_len) + " -> " + ", ".join(results),
+        sharding_rule=", ".join(operands + optional) + " -> " + ", ".join(results),
         choose_shardings=choose, **({"g": groups} if groups > 1 else {}))
   return make
 
 
-def _batch_rule(prim, n_outputs):
-  """Extra leading batch axes (vmap) fold into the batch dimension B."""
+# Bias and mask may broadcast over the batch (leading dim 1); the batch rule
+# keeps them so when they are not mapped.
+_BROADCASTABLE = ("bias", "mask")
+
+
+def _batch_rule(prim, n_fixed):
+  """Extra leading batch axes (vmap) fold into the batch dimension B, except
+  where that would change the result: dropout drawn per batch row (its RNG
+  counter holds the row) and a batch-broadcast bias or mask that is mapped,
+  or whose gradient is wanted, run one vmapped slice at a time."""
   def rule(args, dims, *, cfg):
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not _primitive.NOT_MAPPED)
-    moved = [_primitive.move_to_front(a, d, size) for a, d in zip(args, dims)]
-    folded = [a.reshape(size * a.shape[1], *a.shape[2:]) for a in moved]
+    lead = lambda a, d: a.shape[1 if d == 0 else 0]  # the first unbatched dim
+    B = lead(args[0], dims[0])
+    names = ("",) * n_fixed + cfg.present
+    shared = lambda a, d, n: n in _BROADCASTABLE and lead(a, d) == 1 and B > 1
+    sequential = (cfg.has("dropout_key") and not cfg.dropout_broadcast) or any(
+        shared(a, d, n) and (d is not _primitive.NOT_MAPPED or (n == "bias" and prim is _bwd_p))
+        for a, d, n in zip(args, dims, names))
+    if sequential:
+      moved = [a if d is _primitive.NOT_MAPPED else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
+      mapped = [d is not _primitive.NOT_MAPPED for d in dims]
+
+      def one(xs):
+        it = iter(xs)
+        return prim.bind(*[next(it) if m else a for a, m in zip(moved, mapped)], cfg=cfg)
+
+      outs = jax.lax.map(one, [a for a, m in zip(moved, mapped) if m])
+      return list(outs), [0] * len(outs)
+
+    folded = []
+    for a, d, n in zip(args, dims, names):
+      if n == "dropout_key" or (d is _primitive.NOT_MAPPED and shared(a, d, n)):
+        folded.append(a)  # no batch axis / broadcast over the folded batch
+        continue
+      a = _primitive.move_to_front(a, d, size)
+      folded.append(a.reshape(size * a.shape[1], *a.shape[2:]))
     outs = prim.bind(*folded, cfg=cfg)
-    return [o.reshape(size, o.shape[0] // size, *o.shape[1:]) for o in outs], [0] * n_outputs
+    return [o.reshape(size, o.shape[0] // size, *o.shape[1:]) for o in outs], [0] * len(outs)
   return rule
 
 
 _fwd_p = _primitive.partitioned_primitive(
     "jaxcraft_attention_fwd", abstract_eval=_fwd_abstract,
-    batching_rule=lambda args, dims, *, cfg: _batch_rule(_fwd_p, 2)(args, dims, cfg=cfg),
+    batching_rule=lambda args, dims, *, cfg: _batch_rule(_fwd_p, 3)(args, dims, cfg=cfg),
     make_partitioned=_partitioned_maker("fwd", _fwd_local, _ring_fwd_local))
 _bwd_p = _primitive.partitioned_primitive(
     "jaxcraft_attention_bwd", abstract_eval=_bwd_abstract,
-    batching_rule=lambda args, dims, *, cfg: _batch_rule(_bwd_p, 3)(args, dims, cfg=cfg),
+    batching_rule=lambda args, dims, *, cfg: _batch_rule(_bwd_p, 6)(args, dims, cfg=cfg),
     make_partitioned=_partitioned_maker("bwd", _bwd_local, _ring_bwd_local))
 
 
 # ----------------------------------------------------------------- autodiff
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _attention(q, k, v, q_len, kv_len, cfg):
-  return _attention_fwd(q, k, v, q_len, kv_len, cfg)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _attention(q, k, v, optional, cfg):
+  return _attention_fwd(q, k, v, optional, cfg)[0]
 
 
-def _lengths(cfg, q_len, kv_len):
-  return [a for a, present in ((q_len, cfg.has_q_lengths), (kv_len, cfg.has_kv_lengths)) if present]
-
-
-def _attention_fwd(q, k, v, q_len, kv_len, cfg):
-  o, lse = _fwd_p.bind(q, k, v, *_lengths(cfg, q_len, kv_len), cfg=cfg)
+def _attention_fwd(q, k, v, optional, cfg):
+  o, lse = _fwd_p.bind(q, k, v, *optional, cfg=cfg)
   # Named for jax.checkpoint policies (jaxcraft.remat): the backward kernel
   # needs o and lse, so keeping both spares a rerun of the forward kernel.
   o = checkpoint_name(o, remat.ATTENTION_OUT)
   lse = checkpoint_name(lse, remat.ATTENTION_LSE)
-  return (o, lse), (q, k, v, o, lse, q_len, kv_len)
+  return (o, lse), (q, k, v, o, lse, optional)
 
 
 def _attention_bwd(cfg, saved, cts):
-  q, k, v, o, lse, q_len, kv_len = saved
+  q, k, v, o, lse, optional = saved
   do, _ = cts  # lse is returned without gradient (stop_gradient outside)
-  dq, dk, dv = _bwd_p.bind(q, k, v, o, lse, do.astype(o.dtype), *_lengths(cfg, q_len, kv_len),
-                           cfg=cfg)
-  return dq, dk, dv, None, None
+  grads = _bwd_p.bind(q, k, v, o, lse, do.astype(o.dtype), *optional, cfg=cfg)
+  # Only the bias among the optional operands is differentiable.
+  bias = cfg.split(optional)["bias"]
+  d_optional = tuple(grads[3].astype(bias.dtype) if n == "bias" else None for n in cfg.present)
+  return grads[0], grads[1], grads[2], d_optional
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -348,23 +494,91 @@ def _check_qkv(query, key, value):
   return q, k, v
 
 
+def _check_broadcastable(name, x, target, unbatched):
+  """bias / mask: broadcastable to [B, N, T, S] (jax.nn's rule; fewer dims
+  are padded on the left) -> [1|B, 1|N, T, S], expanded over T and S only."""
+  x = _checks.as_array(name, x)
+  if unbatched and x.ndim == 3:
+    x = x[None]
+  if x.ndim > 4 or any(d not in (1, t) for d, t in zip(x.shape[::-1], target[::-1])):
+    raise ValueError(f"{name} must be broadcastable to [B, N, T, S] = {tuple(target)}; "
+                     f"got shape {tuple(x.shape)}")
+  x = x.reshape((1,) * (4 - x.ndim) + tuple(x.shape))
+  return jnp.broadcast_to(x, x.shape[:2] + tuple(target[2:]))
+
+
+def _check_bias(bias, target, q_dtype, unbatched, deterministic):
+  bias = _check_broadcastable("bias", bias, target, unbatched)
+  _checks.check_floating("bias", bias)
+  # The kernels read the inputs' dtype or float32; anything else is widened
+  # (losslessly: the reference adds the bias in float32 too).
+  if bias.dtype not in (np.dtype(q_dtype), np.dtype(np.float32)):
+    bias = bias.astype(F32)
+  if deterministic:  # a broadcast bias's gradient would sum with atomics
+    bias = jnp.broadcast_to(bias, target)
+  return bias
+
+
+def _check_mask(mask, target, unbatched):
+  mask = _check_broadcastable("mask", mask, target, unbatched)
+  if mask.dtype != np.bool_:
+    raise TypeError(f"mask must be boolean (True = attend); got dtype {mask.dtype}")
+  return mask
+
+
+def _check_segment_ids(q_segment_ids, kv_segment_ids, B, T, S, unbatched):
+  if (q_segment_ids is None) != (kv_segment_ids is None):
+    raise ValueError("q_segment_ids and kv_segment_ids must be given together")
+  if q_segment_ids is None:
+    return None, None
+  out = []
+  for name, ids, L in (("q_segment_ids", q_segment_ids, T), ("kv_segment_ids", kv_segment_ids, S)):
+    ids = _checks.as_array(name, ids)
+    if not jnp.issubdtype(ids.dtype, jnp.integer):
+      raise TypeError(f"{name} must be an integer array; got dtype {ids.dtype}")
+    if unbatched and ids.ndim == 1:
+      ids = ids[None]
+    _checks.check_shape(name, ids, (B, L), "one id per batch row and position")
+    out.append(ids.astype(I32))
+  return tuple(out)
+
+
+def _check_dropout(dropout_rate, dropout_rng):
+  """The dropout key words, or None when there is no dropout."""
+  rate = _checks.static_float("dropout_rate", dropout_rate)
+  if not 0.0 <= rate < 1.0:
+    raise ValueError(f"dropout_rate must be in [0, 1); got {rate}")
+  if rate == 0.0:
+    return rate, None
+  if dropout_rng is None:
+    raise ValueError("dropout_rng (a JAX PRNG key) is required when dropout_rate > 0")
+  return rate, dropout_key_words(dropout_rng)
+
+
 def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None,
                           is_causal=False, query_seq_lengths=None, key_value_seq_lengths=None,
                           local_window_size=None, q_segment_ids=None, kv_segment_ids=None,
                           logit_soft_cap=None, causal_alignment="top_left",
+                          dropout_rate=0.0, dropout_rng=None, dropout_broadcast=False,
                           return_residual=False, implementation=None, deterministic=False):
   """Scaled dot-product attention; same arguments and results as
   `jax.nn.dot_product_attention`, computed by a flash-attention kernel.
 
-  Beyond jax.nn: `q_segment_ids` / `kv_segment_ids` (int32 [B, T] / [B, S]:
-  attend only within equal ids), `logit_soft_cap` (logits = cap *
-  tanh(logits / cap), after `scale`), `causal_alignment` ("bottom_right":
-  query i sees keys <= i + S - T; windows shift the same way), and
-  `deterministic` (a backward pass without float atomics). Rows that see no
-  key give zeros (jax.nn gives an average of all values); their logsumexp is
-  -inf. `implementation`: None (the kernel where it applies, else the
-  reference), "cuda" / "cpu" (force the kernel; a clear error names what it
-  does not support) or "xla" (the pure-JAX reference).
+  Beyond jax.nn: `q_segment_ids` / `kv_segment_ids` (int [B, T] / [B, S]:
+  attend only within equal ids; sorted ids, as in packed documents, let the
+  kernel skip whole tiles), `logit_soft_cap` (logits = cap * tanh(logits /
+  cap), after `scale`, before `bias`), `causal_alignment` ("bottom_right":
+  query i sees keys <= i + S - T; windows shift the same way), dropout on
+  the probabilities (`dropout_rate` in [0, 1), `dropout_rng` a PRNG key,
+  `dropout_broadcast`: one mask for every batch row and head; the kernel
+  regenerates the mask in the backward pass, and
+  `jaxcraft.attention_dropout_mask` reproduces it), and `deterministic` (a
+  backward pass without float atomics). `bias` is differentiable (its
+  gradient is reduced over the axes it broadcasts). Rows that see no key give
+  zeros (jax.nn gives an average of all values); their logsumexp is -inf.
+  `implementation`: None (the kernel where it applies, else the reference),
+  "cuda" / "cpu" (force the kernel; a clear error names what it does not
+  support) or "xla" (the pure-JAX reference).
   """
   _primitive.check_implementation(implementation)
   q, k, v = _check_qkv(query, key, value)
@@ -373,49 +587,38 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     q, k, v = q[None], k[None], v[None]
   B, T, N, H = q.shape
   S = k.shape[1]
+  target = (B, N, T, S)
   q_len = _check_lengths("query_seq_lengths", query_seq_lengths, B)
   kv_len = _check_lengths("key_value_seq_lengths", key_value_seq_lengths, B)
   window_left, window_right = _window(local_window_size)
   if causal_alignment not in _ALIGNMENTS:
     raise ValueError(f"causal_alignment must be 'top_left' or 'bottom_right'; got {causal_alignment!r}")
   scale = 1.0 / math.sqrt(H) if scale is None else _checks.static_float("scale", scale)
+  softcap = 0.0
   if logit_soft_cap is not None:
-    logit_soft_cap = _checks.static_float("logit_soft_cap", logit_soft_cap)
-    if not logit_soft_cap > 0:
-      raise ValueError(f"logit_soft_cap must be > 0; got {logit_soft_cap}")
-  if (q_segment_ids is None) != (kv_segment_ids is None):
-    raise ValueError("q_segment_ids and kv_segment_ids must be given together")
-  extras = dict(bias=bias, mask=mask, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-                logit_soft_cap=logit_soft_cap)
-  for name in ("bias", "mask", "q_segment_ids", "kv_segment_ids"):
-    if extras[name] is not None:
-      extras[name] = _checks.as_array(name, extras[name])
-      if unbatched and name in ("bias", "mask") and extras[name].ndim == 3:
-        extras[name] = extras[name][None]
-  if extras["mask"] is not None and extras["mask"].dtype != np.bool_:
-    raise TypeError(f"mask must be boolean (True = attend); got dtype {extras['mask'].dtype}")
+    softcap = _checks.static_float("logit_soft_cap", logit_soft_cap)
+    if not softcap > 0:
+      raise ValueError(f"logit_soft_cap must be > 0; got {softcap}")
+  optional = dict(
+      q_len=q_len, kv_len=kv_len,
+      bias=None if bias is None else _check_bias(bias, target, q.dtype, unbatched, deterministic),
+      mask=None if mask is None else _check_mask(mask, target, unbatched))
+  optional["q_seg"], optional["kv_seg"] = _check_segment_ids(q_segment_ids, kv_segment_ids, B, T,
+                                                             S, unbatched)
+  dropout_rate, optional["dropout_key"] = _check_dropout(dropout_rate, dropout_rng)
   offset = S - T if causal_alignment == "bottom_right" else 0
-
-  in_kernel = [n for n in ("bias", "mask", "q_segment_ids", "logit_soft_cap") if extras[n] is not None]
-  if implementation in _primitive.KERNEL_PLATFORMS and in_kernel:
-    raise ValueError(f"implementation={implementation!r}: the attention kernel does not support "
-                     f"{', '.join(in_kernel)} yet; use implementation=None or 'xla'")
   if implementation == "cuda" and (why := _cuda_unsupported(q.dtype, H)):
     raise ValueError(f"implementation='cuda': {why}")
 
-  if implementation == "xla" or in_kernel or 0 in (B, T, S, N, H):
-    window = None if (window_left, window_right) == (_UNBOUNDED, _UNBOUNDED) else (window_left, window_right)
-    out, lse = attention_reference(
-        q, k, v, extras["bias"], extras["mask"], scale=scale, is_causal=bool(is_causal),
-        causal_offset=offset, query_seq_lengths=q_len, key_value_seq_lengths=kv_len, window=window,
-        q_segment_ids=extras["q_segment_ids"], kv_segment_ids=extras["kv_segment_ids"],
-        logit_soft_cap=logit_soft_cap)
+  present = tuple(n for n in _OPTIONAL if optional[n] is not None)
+  cfg = _Config(scale=scale, causal=bool(is_causal), offset=offset, window_left=window_left,
+                window_right=window_right, implementation=implementation,
+                deterministic=bool(deterministic), present=present, softcap=softcap,
+                dropout_rate=dropout_rate, dropout_broadcast=bool(dropout_broadcast))
+  if implementation == "xla" or 0 in (B, T, S, N, H):
+    out, lse = cfg.reference(q, k, v, optional)
   else:
-    cfg = _Config(scale=scale, causal=bool(is_causal), offset=offset, window_left=window_left,
-                  window_right=window_right, has_q_lengths=q_len is not None,
-                  has_kv_lengths=kv_len is not None, implementation=implementation,
-                  deterministic=bool(deterministic))
-    out, lse = _attention(q, k, v, q_len, kv_len, cfg)
+    out, lse = _attention(q, k, v, tuple(optional[n] for n in present), cfg)
   if unbatched:
     out, lse = out[0], lse[0]
   if not return_residual:

@@ -30,6 +30,8 @@ def attention_reference(
     q_segment_ids=None,
     kv_segment_ids=None,
     logit_soft_cap=None,
+    dropout_rate=0.0,
+    dropout_keep=None,
 ):
     """Attention with fp32 logits and softmax, materializing [B, N, T, S].
 
@@ -47,7 +49,11 @@ def attention_reference(
     3. ``logits = logit_soft_cap * tanh(logits / logit_soft_cap)`` if given,
     4. ``logits += bias`` (in fp32; bias broadcastable to [B, N, T, S]),
     5. masks, then softmax in fp32; the probabilities are cast to the value
-       dtype before ``einsum(probs, v)``, exactly as jax.nn does.
+       dtype before ``einsum(probs, v)``, exactly as jax.nn does;
+    6. with ``dropout_keep`` (bool, broadcastable to [B, N, T, S]: the
+       kernels' draw, attention_dropout.dropout_keep_mask), kept
+       probabilities are multiplied by 1 / (1 - dropout_rate) in fp32 and
+       the others zeroed before that cast. lse is that of step 5.
 
     Row i (of batch b) sees key j iff all of these hold (bounds inclusive,
     ``causal_offset`` = 0 is top-left alignment, S - T bottom-right):
@@ -99,6 +105,8 @@ def attention_reference(
         key_value_seq_lengths, window, q_segment_ids, kv_segment_ids,
     )
     probs, lse = _masked_softmax(logits, visible)
+    if dropout_keep is not None:
+        probs = _apply_dropout(probs, dropout_keep, dropout_rate, N, K)
 
     out = jnp.einsum("bkgts,bskh->btkgh", probs.astype(value.dtype), value)
     out = out.reshape(B, T, N, H).astype(query.dtype)
@@ -121,9 +129,16 @@ def attention_backward_reference(
     window,
     q_segment_ids=None,
     kv_segment_ids=None,
+    bias=None,
+    mask=None,
+    logit_soft_cap=None,
+    dropout_rate=0.0,
+    dropout_keep=None,
 ):
-    """Gradients (dq, dk, dv) given the forward's ``out`` and ``lse``, as
-    the backward kernel computes them (masks as ``attention_reference``).
+    """Gradients (dq, dk, dv, dbias) given the forward's ``out`` and ``lse``,
+    as the backward kernel computes them (masks, bias, soft cap and dropout
+    as ``attention_reference``; dbias is None without a bias, else float32
+    [B, N, T, S] before any reduction over broadcast axes).
 
     Rebuilding the probabilities from the given ``lse`` (not from this call's
     own logsumexp) is what lets a caller run it on one block of keys while
@@ -133,9 +148,10 @@ def attention_backward_reference(
 
     Math (fp32, materializing one [B, N, T, S] block)::
 
-        p = exp(scale * q k^T - lse)        # 0 where masked, and for lse = -inf
-        dv = p^T dO;  dp = dO v^T;  delta = rowsum(dO * out)
-        ds = p * (dp - delta);  dq = scale * ds k;  dk = scale * ds^T q
+        x = cap(scale * q k^T) + bias;  p = exp(x - lse)   # 0 where masked / lse = -inf
+        pd = p * keep / (1 - rate);  dv = pd^T dO;  dp = (dO v^T) * keep / (1 - rate)
+        delta = rowsum(dO * out);  dbias = p * (dp - delta)
+        ds = dbias * cap'(.);  dq = scale * ds k;  dk = scale * ds^T q
     """
     B, T, N, H = query.shape
     _, S, K, _ = key.shape
@@ -146,8 +162,13 @@ def attention_backward_reference(
     k, v = f32(key), f32(value)
     hi = lax.Precision.HIGHEST
     logits = jnp.einsum("btkgh,bskh->bkgts", q, k, precision=hi) * scale
+    if logit_soft_cap is not None:
+        logits = logit_soft_cap * jnp.tanh(logits / logit_soft_cap)
+    capped = logits
+    if bias is not None:
+        logits = logits + _to_grouped(f32(jnp.asarray(bias)), N, K)
     visible = _visible(
-        T, S, N, K, None, is_causal, causal_offset, query_seq_lengths,
+        T, S, N, K, mask, is_causal, causal_offset, query_seq_lengths,
         key_value_seq_lengths, window, q_segment_ids, kv_segment_ids,
     )
     lse = lse.reshape(B, K, G, T)[..., None]
@@ -155,12 +176,21 @@ def attention_backward_reference(
     # Rows with lse = -inf saw no key: their probabilities are 0, not exp(+inf).
     probs = jnp.where(visible & has_keys, jnp.exp(logits - jnp.where(has_keys, lse, 0.0)), 0.0)
     delta = jnp.sum(do * f32(out).reshape(B, T, K, G, H), axis=-1)  # [B, T, K, G]
-    dv = jnp.einsum("bkgts,btkgh->bskh", probs, do, precision=hi)
     dp = jnp.einsum("btkgh,bskh->bkgts", do, v, precision=hi)
-    ds = probs * (dp - jnp.transpose(delta, (0, 2, 3, 1))[..., None]) * scale
+    dropped = probs
+    if dropout_keep is not None:
+        dropped = _apply_dropout(probs, dropout_keep, dropout_rate, N, K)
+        dp = _apply_dropout(dp, dropout_keep, dropout_rate, N, K)
+    dv = jnp.einsum("bkgts,btkgh->bskh", dropped, do, precision=hi)
+    dlogits = probs * (dp - jnp.transpose(delta, (0, 2, 3, 1))[..., None])
+    ds = dlogits
+    if logit_soft_cap is not None:
+        ds = ds * (1.0 - jnp.square(capped / logit_soft_cap))
+    ds = ds * scale
     dq = jnp.einsum("bkgts,bskh->btkgh", ds, k, precision=hi).reshape(B, T, N, H)
     dk = jnp.einsum("bkgts,btkgh->bskh", ds, q, precision=hi)
-    return dq.astype(query.dtype), dk.astype(key.dtype), dv.astype(value.dtype)
+    dbias = None if bias is None else dlogits.reshape(B, N, T, S)
+    return dq.astype(query.dtype), dk.astype(key.dtype), dv.astype(value.dtype), dbias
 
 
 def _grouped_logits(query, key):
@@ -177,6 +207,13 @@ def _grouped_logits(query, key):
         "btkgh,bskh->bkgts", query, key,
         precision=precision, preferred_element_type=logits_dtype,
     )
+
+
+def _apply_dropout(x, keep, rate, N, K):
+    """x [B, K, G, T, S] with dropped entries zeroed, kept ones / (1 - rate)."""
+    keep = _to_grouped(jnp.asarray(keep), N, K)
+    keep_scale = np.float32(1) / (np.float32(1) - np.float32(rate))  # as the kernels round it
+    return jnp.where(keep, x * keep_scale, 0.0)
 
 
 def _to_grouped(x, N, K):

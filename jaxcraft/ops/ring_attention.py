@@ -41,7 +41,7 @@ def _reference_blocks(scale):
 
   def bwd(q, k, v, o, lse, do, *, causal, q_len, kv_len, q_seg, kv_seg):
     return attention_backward_reference(q, k, v, o, lse, do,
-                                        **masks(causal, q_len, kv_len, q_seg, kv_seg))
+                                        **masks(causal, q_len, kv_len, q_seg, kv_seg))[:3]
 
   return _ring.Blocks(fwd, bwd)
 
@@ -59,8 +59,8 @@ class _Static:
       return _reference_blocks(self.scale)
     return attention._ring_blocks(attention._Config(
         scale=self.scale, causal=False, offset=0, window_left=attention._UNBOUNDED,
-        window_right=attention._UNBOUNDED, has_q_lengths=False, has_kv_lengths=False,
-        implementation=self.implementation, deterministic=self.deterministic))
+        window_right=attention._UNBOUNDED, implementation=self.implementation,
+        deterministic=self.deterministic))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "common/philox.h"
 #include "kernels/attention/kernel_args.h"
 #include "kernels/attention/params.h"
 #include "kernels/attention/tile_config.h"
@@ -51,8 +52,25 @@ inline bool to_kernel_args(const AttentionShape& s, const AttentionMask& m, Shap
                   static_cast<int>(s.num_kv_heads), static_cast<int>(s.head_dim)};
   *ma = MaskArgs{m.causal ? 1 : 0,         static_cast<int>(m.offset),
                  window(m.window_left),    window(m.window_right),
-                 m.q_lengths,              m.kv_lengths};
+                 m.q_lengths,              m.kv_lengths,
+                 m.q_segment_ids,          m.kv_segment_ids,
+                 m.segment_key_range,      m.segment_query_range,
+                 m.mask,                   m.mask_stride_b,
+                 m.mask_stride_n};
   return true;
+}
+
+inline ScoreArgs to_score_args(const AttentionScores& s) {
+  const bool dropout = s.dropout_key != nullptr && s.dropout_rate > 0.f;
+  return ScoreArgs{s.softcap > 0.f ? s.softcap : 0.f,
+                   s.bias,
+                   s.bias_f32 ? 1 : 0,
+                   s.bias_stride_b,
+                   s.bias_stride_n,
+                   dropout ? s.dropout_key : nullptr,
+                   dropout ? dropout_threshold(s.dropout_rate) : 0u,
+                   dropout ? 1.f / (1.f - s.dropout_rate) : 1.f,
+                   s.dropout_broadcast ? 1 : 0};
 }
 
 }  // namespace attn

@@ -17,6 +17,27 @@ struct MaskArgs {
   int window_right;  // < 0: unbounded
   const int32_t* q_lengths;
   const int32_t* kv_lengths;
+  // Segment ids and their tile ranges; a boolean mask with element strides
+  // (params.h: AttentionMask says the layouts). Null when absent.
+  const int32_t* q_segment_ids;
+  const int32_t* kv_segment_ids;
+  const int32_t* segment_key_range;
+  const int32_t* segment_query_range;
+  const uint8_t* mask;
+  long long mask_stride_b, mask_stride_n;
+};
+
+// params.h: AttentionScores, with the dropout threshold and 1 / (1 - rate)
+// precomputed. has_dropout == (dropout_key != null).
+struct ScoreArgs {
+  float softcap;  // <= 0: none
+  const void* bias;
+  int bias_f32;
+  long long bias_stride_b, bias_stride_n;
+  const uint32_t* dropout_key;
+  uint32_t dropout_threshold;
+  float dropout_keep_scale;
+  int dropout_broadcast;
 };
 
 struct ShapeArgs {
@@ -26,6 +47,7 @@ struct ShapeArgs {
 struct FwdArgs {
   ShapeArgs shape;
   MaskArgs mask;
+  ScoreArgs scores;
   float scale;
   const void* q;
   const void* k;
@@ -37,6 +59,7 @@ struct FwdArgs {
 struct BwdArgs {
   ShapeArgs shape;
   MaskArgs mask;
+  ScoreArgs scores;
   float scale;
   const void* q;
   const void* k;
@@ -49,6 +72,7 @@ struct BwdArgs {
   void* dv;
   float* delta;
   float* dq_accum;  // null: dK/dV kernel skips dQ (deterministic path)
+  float* dbias;     // null: no bias; else zeroed by the launcher, accumulated by the dK/dV kernel
 };
 
 // Defined in fwd_kernel.cuh / bwd_*.cuh, instantiated per head-dim bucket in

@@ -69,7 +69,8 @@ cudaError_t run_bwd(const AttentionBwdParams& p, attn::BwdArgs a, cudaStream_t s
   }
   const int64_t dq_elems = rows * s.head_dim;
   if (has_keys) {
-    const bool sm90 = !p.deterministic && has_queries && try_bwd_sm90<kDt>(a, bucket, stream, &err);
+    const bool sm90 = !p.deterministic && has_queries && attn::sm90::bwd_supports(a) &&
+                      try_bwd_sm90<kDt>(a, bucket, stream, &err);
     if (!sm90) err = dkdv_for_bucket<kDt>(a, bucket, stream);
     if (err != cudaSuccess) return err;
   }
@@ -110,6 +111,14 @@ cudaError_t launch_attention_bwd(const AttentionBwdParams& p, cudaStream_t strea
   a.dk = p.dk;
   a.dv = p.dv;
   a.delta = p.delta;
+  a.scores = attn::to_score_args(p.scores);
+  a.dbias = p.scores.bias ? p.dbias : nullptr;
+  if (a.dbias) {
+    const int64_t bias_elems = (a.scores.bias_stride_b ? s.batch : 1) *
+                               (a.scores.bias_stride_n ? s.num_heads : 1) * s.seqlen_q * s.seqlen_k;
+    cudaError_t err = cudaMemsetAsync(a.dbias, 0, sizeof(float) * bias_elems, stream);
+    if (err != cudaSuccess) return err;
+  }
   return p.dtype == DType::kBF16 ? run_bwd<DType::kBF16>(p, a, stream)
                                  : run_bwd<DType::kF16>(p, a, stream);
 }

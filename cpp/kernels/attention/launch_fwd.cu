@@ -49,9 +49,10 @@ cudaError_t launch_attention_fwd(const AttentionFwdParams& p, cudaStream_t strea
   a.v = p.v;
   a.o = p.o;
   a.lse = p.lse;
+  a.scores = attn::to_score_args(p.scores);
   const int bucket = attn::head_dim_bucket(static_cast<int>(s.head_dim));
   cudaError_t err = cudaSuccess;
-  const bool sm90 = has_keys && (p.dtype == DType::kBF16 ? try_fwd_sm90<DType::kBF16>(a, bucket, stream, &err)
+  const bool sm90 = has_keys && attn::sm90::fwd_supports(a) && (p.dtype == DType::kBF16 ? try_fwd_sm90<DType::kBF16>(a, bucket, stream, &err)
                                                           : try_fwd_sm90<DType::kF16>(a, bucket, stream, &err));
   if (sm90) return err;
   return p.dtype == DType::kBF16 ? fwd_for_bucket<DType::kBF16>(a, bucket, stream)

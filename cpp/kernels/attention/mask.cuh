@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "kernels/attention/kernel_args.h"
+#include "kernels/attention/params.h"
 
 namespace jaxcraft {
 namespace attn {
@@ -56,6 +57,59 @@ __device__ __forceinline__ bool tile_is_partial(const MaskArgs& m, int r0, int r
   return c1 >= kv_len || (m.causal && c1 > r0 + m.offset) ||
          (m.window_right >= 0 && c1 > r0 + m.offset + m.window_right) ||
          (m.window_left >= 0 && c0 < r1 + m.offset - m.window_left);
+}
+
+// --- Segment ids and the boolean mask (params.h: AttentionMask) -------------
+// These hide single elements, so a tile they touch always needs per-element
+// masking; segment ranges also narrow which tiles are visited at all.
+
+__device__ __forceinline__ bool has_element_mask(const MaskArgs& m) {
+  return m.q_segment_ids != nullptr || m.mask != nullptr;
+}
+
+// Narrows keys [*lo, *hi) to those sharing a segment with rows [r0, r1] of
+// batch b (a no-op without segment ids). *lo >= *hi afterwards: no key.
+__device__ __forceinline__ void segment_key_range(const MaskArgs& m, const ShapeArgs& s, int b,
+                                                  int r0, int r1, int* lo, int* hi) {
+  if (m.segment_key_range == nullptr) return;
+  const int blocks = (s.seqlen_q + kSegmentBlock - 1) / kSegmentBlock;
+  const int* r = m.segment_key_range + 2 * (static_cast<long long>(b) * blocks);
+  int l = s.seqlen_k, h = 0;
+  for (int blk = r0 / kSegmentBlock; blk <= r1 / kSegmentBlock; ++blk) {
+    l = min(l, r[2 * blk]);
+    h = max(h, r[2 * blk + 1]);
+  }
+  *lo = max(*lo, l);
+  *hi = min(*hi, h);
+}
+
+// Narrows rows [*lo, *hi) to those sharing a segment with keys [c0, c1].
+__device__ __forceinline__ void segment_query_range(const MaskArgs& m, const ShapeArgs& s, int b,
+                                                    int c0, int c1, int* lo, int* hi) {
+  if (m.segment_query_range == nullptr) return;
+  const int blocks = (s.seqlen_k + kSegmentBlock - 1) / kSegmentBlock;
+  const int* r = m.segment_query_range + 2 * (static_cast<long long>(b) * blocks);
+  int l = s.seqlen_q, h = 0;
+  for (int blk = c0 / kSegmentBlock; blk <= c1 / kSegmentBlock; ++blk) {
+    l = min(l, r[2 * blk]);
+    h = max(h, r[2 * blk + 1]);
+  }
+  *lo = max(*lo, l);
+  *hi = min(*hi, h);
+}
+
+// Segment ids and mask bit of element (b, n = query head, i, j); callers
+// keep i < T and j < S.
+__device__ __forceinline__ bool element_visible(const MaskArgs& m, const ShapeArgs& s, int b, int n,
+                                                int i, int j) {
+  if (m.q_segment_ids != nullptr &&
+      m.q_segment_ids[static_cast<long long>(b) * s.seqlen_q + i] !=
+          m.kv_segment_ids[static_cast<long long>(b) * s.seqlen_k + j])
+    return false;
+  if (m.mask != nullptr &&
+      !m.mask[b * m.mask_stride_b + n * m.mask_stride_n + static_cast<long long>(i) * s.seqlen_k + j])
+    return false;
+  return true;
 }
 
 // Sets the hidden scores of a thread's C-layout fragment slab to -inf: its

@@ -18,6 +18,47 @@ struct AttentionMask {
   int64_t window_right = -1;  // -1: unbounded
   const int32_t* q_lengths = nullptr;   // [B] or null: rows t >= q_len[b] give O = 0
   const int32_t* kv_lengths = nullptr;  // [B] or null: keys s >= kv_len[b] are masked
+
+  // Segment ids (both or neither): row i of batch b sees key j only if
+  // q_segment_ids[b * T + i] == kv_segment_ids[b * S + j].
+  const int32_t* q_segment_ids = nullptr;   // [B, T]
+  const int32_t* kv_segment_ids = nullptr;  // [B, S]
+  // Tile skipping for segment ids, at kSegmentBlock granularity (present
+  // whenever the ids are): segment_key_range[(b * ceil(T / 64) + r) * 2 + {0,1}]
+  // = [lo, hi), a key interval that holds every key sharing an id with some
+  // row of row block r (lo >= hi: none); segment_query_range[(b * ceil(S / 64)
+  // + c) * 2 + {0,1}] likewise holds every row sharing an id with key block c.
+  // Exact for sorted ids (packed documents); a superset otherwise.
+  const int32_t* segment_key_range = nullptr;    // [B, ceil(T / 64), 2]
+  const int32_t* segment_query_range = nullptr;  // [B, ceil(S / 64), 2]
+
+  // Boolean mask (true = visible), broadcastable to [B, N, T, S]: element
+  // (b, n, i, j) is mask[b * mask_stride_b + n * mask_stride_n + i * S + j];
+  // a stride of 0 broadcasts that axis. n is the query head.
+  const uint8_t* mask = nullptr;
+  int64_t mask_stride_b = 0, mask_stride_n = 0;
+};
+
+constexpr int64_t kSegmentBlock = 64;
+
+// What happens to a logit between q.k and the softmax, in this order:
+//   x = scale * q.k;  x = softcap * tanh(x / softcap) if softcap > 0;
+//   x += bias[b, n, i, j] (float32 add);  masks;  p = softmax(x);
+//   p_used = keep(b, n, i, j) ? p / (1 - dropout_rate) : 0 for P V.
+// The logsumexp (lse) is that of x, before dropout.
+struct AttentionScores {
+  float softcap = 0.f;  // <= 0: none
+  // Bias broadcastable to [B, N, T, S], laid out and broadcast like the mask;
+  // its dtype is the inputs' dtype, or float32 when bias_f32.
+  const void* bias = nullptr;
+  bool bias_f32 = false;
+  int64_t bias_stride_b = 0, bias_stride_n = 0;
+  // Dropout (common/philox.h): rate in [0, 1); key = two uint32 words in
+  // device (CUDA) or host (CPU) memory; broadcast: one keep-mask for all
+  // batch rows and heads (Flax's broadcast_dropout), i.e. b = n = 0 in the RNG.
+  float dropout_rate = 0.f;
+  const uint32_t* dropout_key = nullptr;
+  bool dropout_broadcast = false;
 };
 
 // Contiguous row-major layouts:
@@ -34,6 +75,7 @@ struct AttentionFwdParams {
   AttentionMask mask;
   DType dtype = DType::kBF16;  // q, k, v, o all share it
   float scale = 1.f;           // logits = scale * q.k
+  AttentionScores scores;
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
@@ -47,6 +89,7 @@ struct AttentionBwdParams {
   DType dtype = DType::kBF16;
   float scale = 1.f;
   bool deterministic = false;  // no float atomics: results bitwise reproducible
+  AttentionScores scores;
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
@@ -60,6 +103,12 @@ struct AttentionBwdParams {
   // the launcher): delta [B, N, T] = rowsum(dO * O); dq_accum [B, T, N, H].
   float* delta = nullptr;
   float* dq_accum = nullptr;
+  // d(loss)/d(bias) in float32, laid out and broadcast like the bias (null
+  // when there is no bias). The kernels zero it first and accumulate into it;
+  // with a broadcast axis (stride 0) several (b, n) add into one element
+  // (atomics on CUDA; callers wanting bitwise results pass an unbroadcast
+  // bias when deterministic).
+  float* dbias = nullptr;
 };
 
 }  // namespace jaxcraft
