@@ -22,10 +22,15 @@ def _flatten_batch(x, batch_shape, keep: int):
   return x.reshape(math.prod(batch_shape), *x.shape[len(batch_shape):])
 
 
-def kernel_attention(query, key, value, bias=None, mask=None, *, is_causal=False):
+def kernel_attention(query, key, value, bias=None, mask=None, *, is_causal=False,
+                     dropout_rate=0.0, dropout_rng=None, deterministic=True,
+                     broadcast_dropout=True):
   """Flax's attention (inputs [batch..., length, heads, depth], masks
   broadcastable to [batch..., heads, q_length, kv_length], float 0/1 or bool)
   computed by `jaxcraft.dot_product_attention`, which takes one batch axis.
+  Dropout (Flax's arguments; `broadcast_dropout`: one mask for all batch
+  rows and heads) runs inside the kernel, with jaxcraft's own random stream
+  (`jaxcraft.attention_dropout_mask`), not Flax's `random.bernoulli` draw.
 
   One difference from Flax: a query row whose keys are all masked out gives
   zeros (Flax gives the average of all values).
@@ -37,9 +42,15 @@ def kernel_attention(query, key, value, bias=None, mask=None, *, is_causal=False
   if mask is not None:
     mask = jnp.asarray(mask).astype(bool)  # Flax's float masks: nonzero = attend
   flat = lambda x, keep: None if x is None else _flatten_batch(x, batch_shape, keep)
+  dropout = {}
+  if dropout_rate > 0.0 and not deterministic:
+    if dropout_rng is None:
+      raise ValueError("dropout_rng is required when dropout_rate > 0 and not deterministic")
+    dropout = dict(dropout_rate=dropout_rate, dropout_rng=dropout_rng,
+                   dropout_broadcast=bool(broadcast_dropout))
   out = attention_ops.dot_product_attention(
       flat(query, 3), flat(key, 3), flat(value, 3), flat(bias, 3), flat(mask, 3),
-      is_causal=is_causal)
+      is_causal=is_causal, **dropout)
   return out.reshape(query.shape[:-1] + value.shape[-1:])
 
 

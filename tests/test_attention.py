@@ -164,17 +164,6 @@ def test_deterministic_backward(platform):
   _check(platform, q, k, v, deterministic=True)
 
 
-def test_unsupported_features_route_to_reference():
-  q, k, v = _qkv(1, 16, 16, 2, 2, 32, jnp.float32)
-  mask = jnp.tril(jnp.ones((16, 16), bool))[None, None]
-  out = jaxcraft.dot_product_attention(q, k, v, mask=mask)
-  np.testing.assert_allclose(out, jax.nn.dot_product_attention(q, k, v, mask=mask), atol=1e-5)
-  for kw in [dict(mask=mask), dict(bias=jnp.zeros((1, 2, 16, 16))), dict(logit_soft_cap=30.0),
-             dict(q_segment_ids=jnp.zeros((1, 16), jnp.int32), kv_segment_ids=jnp.zeros((1, 16), jnp.int32))]:
-    with pytest.raises(ValueError, match="does not support"):
-      jaxcraft.dot_product_attention(q, k, v, implementation="cpu", **kw)
-
-
 def test_bad_input():
   q, k, v = _qkv(2, 8, 8, 6, 4, 32, jnp.float32)
   with pytest.raises(ValueError, match="multiple of the key/value heads"):

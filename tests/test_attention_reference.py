@@ -277,3 +277,25 @@ def test_jit_and_f16_dtypes():
     out, lse = fn(q, k, v)
     assert out.dtype == jnp.float16 and lse.dtype == jnp.float32
     assert np.all(np.isfinite(np.asarray(out, np.float32)))
+
+
+def test_backward_reference_with_bias_cap_mask_dropout_matches_vjp():
+    from jaxcraft.ops.attention_dropout import dropout_keep_mask
+    q, k, v = _inputs(jnp.float32, t=16, s=12, n=4, k=2, seed=5)
+    B, T, N, _ = q.shape
+    S = k.shape[1]
+    bias = jax.random.normal(jax.random.PRNGKey(6), (1, N, T, S))
+    mask = jax.random.bernoulli(jax.random.PRNGKey(7), 0.8, (B, 1, T, S))
+    keep = dropout_keep_mask(jnp.array([3, 4], jnp.uint32), 0.3, (B, N, T, S))
+    kw = dict(scale=H ** -0.5, is_causal=True, causal_offset=0, query_seq_lengths=None,
+              key_value_seq_lengths=None, window=None, mask=mask, logit_soft_cap=2.0,
+              dropout_rate=0.3, dropout_keep=keep)
+    with jax.default_matmul_precision("highest"):
+        (out, lse), vjp = jax.vjp(lambda q, k, v, b: attention_reference(q, k, v, b, **kw),
+                                  q, k, v, bias)
+        d_out = jax.random.normal(jax.random.PRNGKey(8), out.shape)
+        expected = vjp((d_out, jnp.zeros_like(lse)))
+        dq, dk, dv, dbias = attention_backward_reference(q, k, v, out, lse, d_out, bias=bias, **kw)
+    got = (dq, dk, dv, dbias.sum(0, keepdims=True))
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)

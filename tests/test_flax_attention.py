@@ -62,12 +62,24 @@ def test_linen_function_causal_flag_and_bias(platform):
                linen.dot_product_attention(q, k, v, bias=bias), ref)
 
 
-def test_linen_function_dropout_runs_flax(platform):
-  """Active dropout needs the weights: Flax's own math, same random stream."""
+@pytest.mark.parametrize("broadcast", [True, False])
+def test_linen_and_nnx_dropout_run_in_the_kernel(platform, broadcast):
+  """Flax's dropout arguments: the kernel applies jaxcraft's keep-mask
+  (broadcast over batch and heads when broadcast_dropout, as Flax does)."""
   q, k, v = _qkv((2, 9, 2, 16), (2, 9, 2, 16), jnp.float32)
-  kw = dict(dropout_rng=jax.random.key(3), dropout_rate=0.3, deterministic=False)
-  np.testing.assert_array_equal(jaxcraft.nn.dot_product_attention(q, k, v, **kw),
-                                linen.dot_product_attention(q, k, v, **kw))
+  rng, rate = jax.random.key(3), 0.3
+  kw = dict(dropout_rng=rng, dropout_rate=rate, deterministic=False, broadcast_dropout=broadcast)
+  keep = jaxcraft.attention_dropout_mask(rng, rate, (2, 2, 9, 9), broadcast=broadcast)
+  with jax.default_matmul_precision("highest"):
+    logits = jnp.einsum("btnh,bsnh->bnts", q, k) / 4.0
+    probs = jax.nn.softmax(logits, axis=-1) * keep / (1 - rate)
+    expected = jnp.einsum("bnts,bsnh->btnh", probs, v)
+    for fn in (jaxcraft.nn.dot_product_attention, jaxcraft.nnx.dot_product_attention):
+      np.testing.assert_allclose(fn(q, k, v, **kw), expected, rtol=1e-5, atol=1e-5)
+      np.testing.assert_allclose(fn(q, k, v, **dict(kw, deterministic=True)),
+                                 jaxcraft.dot_product_attention(q, k, v), rtol=1e-6, atol=1e-6)
+  text = jax.jit(lambda q: jaxcraft.nn.dot_product_attention(q, k, v, **kw)).lower(q).as_text()
+  assert "jaxcraft_attention_fwd" in text
 
 
 def test_nnx_function_matches_flax(platform):

@@ -91,6 +91,28 @@ def test_attention_batch_and_head_sharding_run_locally(mesh, spec):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+def _variant_inputs():
+  k = jax.random.split(jax.random.key(41), 3)
+  return (random(k[0], (8, 32, 4, 32), jnp.float32), random(k[1], (8, 40, 2, 32), jnp.float32),
+          random(k[2], (8, 40, 2, 32), jnp.float32))
+
+
+def test_attention_variants_batch_sharded_run_locally(mesh):
+  """Bias (broadcast over heads), segment ids and soft cap keep batch sharding."""
+  q, k, v = _variant_inputs()
+  bias = random(jax.random.key(1), (8, 1, 32, 40), jnp.float32)
+  ids = jnp.repeat(jnp.arange(2, dtype=jnp.int32), 20)[None].repeat(8, 0)
+  put = lambda a: jax.device_put(a, NamedSharding(mesh, P("data")))
+  fn = lambda q, k, v, b, qi, ki: jnp.sum(jnp.sin(jaxcraft.dot_product_attention(
+      q, k, v, b, q_segment_ids=qi, kv_segment_ids=ki, logit_soft_cap=3.0)))
+  grad = jax.grad(fn, (0, 3))
+  args = (q, k, v, bias, ids[:, :32], ids)
+  assert collectives_in(grad, *map(put, args)) == []
+  for a, b in zip(jax.jit(grad)(*map(put, args)), grad(*args)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+
 def test_attention_sequence_sharding_is_correct(mesh):
   # Causal with T != S: the ring (tests/test_ring_attention.py) does not apply
   # and the sequence is gathered.

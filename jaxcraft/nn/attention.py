@@ -25,23 +25,25 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
   and `bias` broadcastable to [batch..., heads, q_length, kv_length]; key and
   value may have fewer heads than query (GQA). Softmax is always computed in
   float32 (as with `force_fp32_for_softmax=True`). `is_causal` (keyword, an
-  extension) masks future keys without a mask array. Calls that need the
-  attention weights themselves (active dropout, `module` to sow them, custom
+  extension) masks future keys without a mask array. Dropout runs in the
+  kernel (its own random stream: `jaxcraft.attention_dropout_mask`). Calls
+  that need the attention weights themselves (`module` to sow them, custom
   einsums or `precision`) run Flax's own implementation. A query whose keys
   are all masked gives zeros, where Flax gives the mean of the values.
   """
-  dropout_active = dropout_rate > 0.0 and not deterministic
   custom_math = precision is not None or any(
       f is not None for f in (einsum_dot_general, qk_attn_weights_einsum,
                               attn_weights_value_einsum))
-  if dropout_active or module is not None or custom_math:
+  if module is not None or custom_math:
     key, value, mask = _flax_attention.fallback_inputs(query, key, value, mask, is_causal)
     return linen.dot_product_attention(
         query, key, value, bias, mask, broadcast_dropout, dropout_rng, dropout_rate,
         deterministic, dtype, precision, module, force_fp32_for_softmax, einsum_dot_general,
         qk_attn_weights_einsum, attn_weights_value_einsum)
   query, key, value = dtypes.promote_dtype(query, key, value, dtype=dtype)
-  return _flax_attention.kernel_attention(query, key, value, bias, mask, is_causal=is_causal)
+  return _flax_attention.kernel_attention(
+      query, key, value, bias, mask, is_causal=is_causal, dropout_rate=dropout_rate,
+      dropout_rng=dropout_rng, deterministic=deterministic, broadcast_dropout=broadcast_dropout)
 
 
 class MultiHeadAttention(linen.Module):

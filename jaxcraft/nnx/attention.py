@@ -20,16 +20,19 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
   """Drop-in for `flax.nnx.dot_product_attention`, run by the jaxcraft kernel.
 
   Same conventions as `jaxcraft.nn.dot_product_attention`: softmax in
-  float32; active dropout, `module` (to sow the weights) or `precision` run
-  Flax's own implementation; a fully masked query row gives zeros.
+  float32; dropout in the kernel (jaxcraft's random stream); `module` (to
+  sow the weights) or `precision` run Flax's own implementation; a fully
+  masked query row gives zeros.
   """
-  if (dropout_rate > 0.0 and not deterministic) or module is not None or precision is not None:
+  if module is not None or precision is not None:
     key, value, mask = _flax_attention.fallback_inputs(query, key, value, mask, is_causal)
     return nnx.dot_product_attention(query, key, value, bias, mask, broadcast_dropout,
                                      dropout_rng, dropout_rate, deterministic, dtype, precision,
                                      module, promote_dtype)
   query, key, value = promote_dtype((query, key, value), dtype=dtype)
-  return _flax_attention.kernel_attention(query, key, value, bias, mask, is_causal=is_causal)
+  return _flax_attention.kernel_attention(
+      query, key, value, bias, mask, is_causal=is_causal, dropout_rate=dropout_rate,
+      dropout_rng=dropout_rng, deterministic=deterministic, broadcast_dropout=broadcast_dropout)
 
 
 def _rope_attention(attention_fn, query, key, value, *args, rope_base, **kwargs):

@@ -358,6 +358,10 @@ def _partitioned_maker(kind, local, ring_local):
 
     def choose(mesh, specs):
       b, h = _head_specs(mesh, specs[0], num_kv_heads)
+      if cfg.has("dropout_key") and not cfg.dropout_broadcast:
+        # Dropout's RNG counter holds the global batch row and head, which a
+        # shard does not know: gathered, the mask matches the unsharded one.
+        b = h = None
       ring = _sequence_ring(cfg, mesh, specs[0], shapes)
       t = ring[0].axis_name if ring else None
       blocks = {q_rule: P(b, t, h, None), kv_rule: P(b, t, h, None), lse_rule: P(b, h, t)}

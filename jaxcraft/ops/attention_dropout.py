@@ -71,4 +71,11 @@ def dropout_keep_mask(key_words, rate: float, shape, *, broadcast: bool = False)
   return words >= _U32(dropout_threshold(rate))
 
 
-__all__ = ["dropout_keep_mask", "dropout_key_words", "philox4x32_10"]
+def attention_dropout_mask(rng, rate: float, shape, *, broadcast: bool = False) -> jax.Array:
+  """The keep-mask (bool, [B, N, T, S] or [1, 1, T, S] with `broadcast`) that
+  `dot_product_attention(..., dropout_rate=rate, dropout_rng=rng)` applies to
+  its [B, N, T, S] probabilities (N the query heads)."""
+  return dropout_keep_mask(dropout_key_words(rng), rate, shape, broadcast=broadcast)
+
+
+__all__ = ["attention_dropout_mask", "dropout_keep_mask", "dropout_key_words", "philox4x32_10"]
