@@ -43,6 +43,30 @@ def attention_cases():
       jax.block_until_ready(vjp(out))
 
 
+def variant_cases():
+  """Attention variants (portable and Hopper paths): soft cap + packed
+  segment ids + causal (bf16, head dims 64 / 128), a broadcast f32 bias +
+  bool mask + GQA, dropout; both backward paths."""
+  rng = np.random.default_rng(3)
+  normal = lambda shape, dtype=jnp.bfloat16: jnp.asarray(rng.standard_normal(shape), dtype)
+  ids = lambda B, L: jnp.asarray(np.sort(rng.integers(0, 3, (B, L)), axis=1), jnp.int32)
+  seg = ids(2, 150)
+  for (B, T, S, N, K, H), kw in [
+      ((2, 150, 150, 4, 2, 64), dict(is_causal=True, logit_soft_cap=5.0, q_segment_ids=seg,
+                                     kv_segment_ids=seg)),
+      ((1, 130, 200, 4, 4, 128), dict(q_segment_ids=ids(1, 130), kv_segment_ids=ids(1, 200))),
+      ((2, 67, 90, 8, 2, 128), dict(bias=normal((1, 8, 67, 90), jnp.float32),
+                                    mask=jnp.asarray(rng.random((2, 1, 67, 90)) < 0.8))),
+      ((2, 45, 70, 4, 2, 64), dict(dropout_rate=0.3, dropout_rng=jax.random.key(4)))]:
+    q, k, v = normal((B, T, N, H)), normal((B, S, K, H)), normal((B, S, K, H))
+    bias = kw.pop("bias", None)
+    for deterministic in (False, True):
+      fn = lambda q, k, v, b: jaxcraft.dot_product_attention(
+          q, k, v, b, implementation="cuda", deterministic=deterministic, **kw)
+      out, vjp = jax.vjp(fn, q, k, v, bias)
+      jax.block_until_ready(vjp(out))
+
+
 def decode_cases():
   rng = np.random.default_rng(2)
   # Every kernel: tensor cores (bf16 / f16, head-dim buckets 64 / 128 / 256,
@@ -71,7 +95,8 @@ def decode_cases():
         jaxcraft.decode_attention(q, k, v, lengths, implementation="cuda", **kw))
 
 
-CASES = {"norm": norm_cases, "attention": attention_cases, "decode": decode_cases}
+CASES = {"norm": norm_cases, "attention": attention_cases, "variants": variant_cases,
+         "decode": decode_cases}
 
 if __name__ == "__main__":
   for name in sys.argv[1].split(","):
