@@ -4,12 +4,21 @@
 // blocks that the block's rows can see, keeping a running row max, row sum
 // and output accumulator in fp32 (online softmax), so no T x S buffer exists.
 //
+// A query row meets a K/V tile as one row of logits, and the score changes
+// of params.h (soft cap, bias, segment ids, boolean mask, dropout) are
+// passes over that row, each taken or skipped once per row: attention
+// without them runs the plain loops.
+//
 // Backward: P is recomputed from Q, K and the forward lse. dK/dV and dQ are
 // computed by two separate passes so that every output element has exactly
 // one writer (no atomics, bitwise reproducible):
 //   * dK/dV: one item per (batch, KV head, KV block), looping over the query
 //     heads of its group and over the Q blocks that see the KV block;
 //   * dQ: one item per (batch, head, Q block), looping over its KV blocks.
+// dbias (= dS, summed over broadcast axes) keeps that rule: the dK/dV items
+// write it when each bias element belongs to one of them; a bias that items
+// share (broadcast over batch rows, or over heads of different KV heads)
+// gets a third pass, one item per bias tile.
 #include "cpu/attention.h"
 
 #include <algorithm>
@@ -21,6 +30,7 @@
 #include <vector>
 
 #include "common/host_float.h"
+#include "common/philox.h"
 #include "cpu/blocked.h"
 
 namespace jaxcraft {
@@ -79,9 +89,17 @@ WorkItem split_item(int64_t item, int64_t heads, int64_t blocks) {
   return {item / (blocks * heads), (item / blocks) % heads, item % blocks};
 }
 
+// Query row i of batch b and query head n against the K/V tile whose first
+// key is j0: the row's tile column c is key j0 + c.
+struct TileRow {
+  int64_t b, n, i, j0;
+};
+
 // ---------------------------------------------------------------------------
-// Masking. Every bound in AttentionMask is a lower or an upper limit on the
-// key index, so the keys a row sees are one half-open interval [begin, end).
+// Masking. Every bound in AttentionMask but the element masks (segment ids,
+// boolean mask) is a lower or an upper limit on the key index, so the keys a
+// row may see lie in one half-open interval [begin, end); the element masks
+// then hide single keys inside it (ScoreMods).
 
 KeyRange intersect(KeyRange a, KeyRange b) {
   return {std::max(a.begin, b.begin), std::min(a.end, b.end)};
@@ -89,7 +107,8 @@ KeyRange intersect(KeyRange a, KeyRange b) {
 
 class MaskRanges {
  public:
-  MaskRanges(const AttentionMask& mask, int64_t seqlen_k) : mask_(mask), seqlen_k_(seqlen_k) {}
+  MaskRanges(const AttentionMask& mask, int64_t seqlen_q, int64_t seqlen_k)
+      : mask_(mask), seqlen_q_(seqlen_q), seqlen_k_(seqlen_k) {}
 
   KeyRange row(int64_t b, int64_t i) const {
     if (mask_.q_lengths != nullptr && i >= mask_.q_lengths[b]) return {};
@@ -100,7 +119,8 @@ class MaskRanges {
     if (mask_.window_right >= 0) end = std::min(end, diagonal + mask_.window_right + 1);
     int64_t begin = 0;
     if (mask_.window_left >= 0) begin = std::max(begin, diagonal - mask_.window_left);
-    return {begin, end};
+    return intersect({begin, end}, segment_span(mask_.segment_key_range, b, seqlen_q_, i, i + 1,
+                                                seqlen_k_));
   }
 
   // Smallest interval holding the keys seen by any of rows [i0, i1): used to
@@ -116,9 +136,32 @@ class MaskRanges {
     return span.empty() ? KeyRange{} : span;
   }
 
+  // Rows that may see some key in [j0, j1), as segment ids allow (the other
+  // bounds are left to `rows`): used to skip Q blocks.
+  KeyRange key_rows(int64_t b, int64_t j0, int64_t j1) const {
+    return segment_span(mask_.segment_query_range, b, seqlen_k_, j0, j1, seqlen_q_);
+  }
+
  private:
+  // The hull of the intervals that the segment tile ranges `ranges`
+  // ([B, ceil(len / kSegmentBlock), 2], params.h) give for the blocks
+  // covering positions [x0, x1) of batch b; [0, other_len) without segment ids.
+  static KeyRange segment_span(const int32_t* ranges, int64_t b, int64_t len, int64_t x0,
+                               int64_t x1, int64_t other_len) {
+    if (ranges == nullptr) return {0, other_len};
+    const int32_t* block = ranges + 2 * b * ceil_div(len, kSegmentBlock);
+    KeyRange span{other_len, 0};
+    for (int64_t blk = x0 / kSegmentBlock; blk <= (x1 - 1) / kSegmentBlock; ++blk) {
+      const KeyRange r{block[2 * blk], block[2 * blk + 1]};
+      if (r.empty()) continue;  // shares no id with the other side
+      span.begin = std::min(span.begin, r.begin);
+      span.end = std::max(span.end, r.end);
+    }
+    return span;
+  }
+
   AttentionMask mask_;
-  int64_t seqlen_k_;
+  int64_t seqlen_q_, seqlen_k_;
 };
 
 // Blocks [first, last) of size `block` overlapping a non-empty key range.
@@ -133,15 +176,118 @@ BlockSpan blocks_of(KeyRange r, int64_t block) {
 }
 
 // ---------------------------------------------------------------------------
+// Score changes (params.h: AttentionScores, and the element masks of
+// AttentionMask), each a pass over one row's logits x[c0, c1) of a tile.
+
+template <typename Elem>
+class ScoreMods {
+ public:
+  ScoreMods(const AttentionMask& mask, const AttentionScores& scores, const Layout& l)
+      : m_(mask), s_(scores), l_(l),
+        dropout_(scores.dropout_key != nullptr && scores.dropout_rate > 0.f),
+        threshold_(dropout_ ? dropout_threshold(scores.dropout_rate) : 0u),
+        // In float, as the CUDA launcher (host_args.h) and the reference compute it.
+        keep_scale_(dropout_ ? 1.f / (1.f - scores.dropout_rate) : 1.f) {}
+
+  bool softcap() const { return s_.softcap > 0.f; }
+  bool dropout() const { return dropout_; }
+  // Whether anything happens between scale * q.k and the softmax.
+  bool on_logits() const {
+    return softcap() || s_.bias != nullptr || m_.q_segment_ids != nullptr || m_.mask != nullptr;
+  }
+
+  // Offset of element (b, n, i, 0) in the bias, and in dbias (same layout).
+  int64_t bias_row(int64_t b, int64_t n, int64_t i) const {
+    return b * s_.bias_stride_b + n * s_.bias_stride_n + i * l_.S;
+  }
+
+  // x = scale * q.k on entry; on return the softmax input: soft-capped,
+  // biased, and -inf where segment ids or the mask hide the key. cap_grad,
+  // when given (soft cap only), receives d(capped)/dx.
+  void apply(const TileRow& at, int64_t c0, int64_t c1, float* x, float* cap_grad) const {
+    if (softcap()) soft_cap(c0, c1, x, cap_grad);
+    if (s_.bias != nullptr) add_bias(at, c0, c1, x);
+    if (m_.q_segment_ids != nullptr) mask_segments(at, c0, c1, x);
+    if (m_.mask != nullptr) mask_elements(at, c0, c1, x);
+  }
+
+  // factor[c] = 1 / (1 - rate) where dropout keeps key j0 + c, else 0. One
+  // Philox block serves 4 consecutive keys (common/philox.h).
+  void keep_factors(const TileRow& at, int64_t c0, int64_t c1, float* factor) const {
+    const auto b = static_cast<uint32_t>(s_.dropout_broadcast ? 0 : at.b);
+    const auto n = static_cast<uint32_t>(s_.dropout_broadcast ? 0 : at.n);
+    const auto i = static_cast<uint32_t>(at.i);
+    const int64_t end = at.j0 + c1;
+    for (int64_t j = at.j0 + c0; j < end;) {
+      const Philox4 words = dropout_block(s_.dropout_key, b, n, i, static_cast<uint32_t>(j >> 2));
+      for (const int64_t block_end = std::min(end, (j | 3) + 1); j < block_end; ++j) {
+        factor[j - at.j0] = words.x[j & 3] >= threshold_ ? keep_scale_ : 0.f;
+      }
+    }
+  }
+
+ private:
+  void soft_cap(int64_t c0, int64_t c1, float* x, float* cap_grad) const {
+    const float cap = s_.softcap;
+    for (int64_t c = c0; c < c1; ++c) x[c] = cap * std::tanh(x[c] / cap);
+    if (cap_grad == nullptr) return;
+    // 1 - tanh^2, from the capped value itself.
+    for (int64_t c = c0; c < c1; ++c) {
+      const float t = x[c] / cap;
+      cap_grad[c] = 1.f - t * t;
+    }
+  }
+
+  // The bias has the inputs' dtype or float32; either way the add is in float.
+  void add_bias(const TileRow& at, int64_t c0, int64_t c1, float* x) const {
+    const int64_t row = bias_row(at.b, at.n, at.i) + at.j0;
+    if (s_.bias_f32) {
+      add_row(static_cast<const float*>(s_.bias) + row, c0, c1, x);
+    } else {
+      add_row(static_cast<const Elem*>(s_.bias) + row, c0, c1, x);
+    }
+  }
+
+  template <typename Bias>
+  static void add_row(const Bias* bias, int64_t c0, int64_t c1, float* x) {
+    for (int64_t c = c0; c < c1; ++c) x[c] += to_float(bias[c]);
+  }
+
+  void mask_segments(const TileRow& at, int64_t c0, int64_t c1, float* x) const {
+    const int32_t id = m_.q_segment_ids[at.b * l_.T + at.i];
+    const int32_t* key_ids = m_.kv_segment_ids + at.b * l_.S + at.j0;
+    for (int64_t c = c0; c < c1; ++c) {
+      if (key_ids[c] != id) x[c] = kNegInf;
+    }
+  }
+
+  void mask_elements(const TileRow& at, int64_t c0, int64_t c1, float* x) const {
+    const uint8_t* visible = m_.mask + at.b * m_.mask_stride_b + at.n * m_.mask_stride_n +
+                             at.i * l_.S + at.j0;
+    for (int64_t c = c0; c < c1; ++c) {
+      if (!visible[c]) x[c] = kNegInf;
+    }
+  }
+
+  const AttentionMask& m_;
+  const AttentionScores& s_;
+  const Layout& l_;
+  bool dropout_;
+  uint32_t threshold_;
+  float keep_scale_;
+};
+
+// ---------------------------------------------------------------------------
 // Forward.
 
 template <typename Elem>
 class ForwardWorker {
  public:
   ForwardWorker(const AttentionFwdParams& p, const Layout& l)
-      : p_(p), l_(l), ranges_(p.mask, l.S),
+      : p_(p), l_(l), ranges_(p.mask, l.T, l.S), mods_(p.mask, p.scores, l),
         q_(kBlockQ * l.H), k_(kBlockK * l.H), v_(kBlockK * l.H), acc_(kBlockQ * l.H),
-        row_max_(kBlockQ), row_sum_(kBlockQ), logits_(kBlockK), row_keys_(kBlockQ) {}
+        row_max_(kBlockQ), row_sum_(kBlockQ), logits_(kBlockK), keep_(kBlockK),
+        row_keys_(kBlockQ) {}
 
   void operator()(int64_t item) {
     const auto [b, n, q_block] = split_item(item, l_.N, l_.num_q_blocks());
@@ -165,7 +311,7 @@ class ForwardWorker {
       load_rows(v_ptr() + l_.k_index(b, j0, kv_head), l_.k_row_stride(), cols, l_.H, v_.data());
       for (int64_t r = 0; r < rows; ++r) {
         const KeyRange keys = intersect(row_keys_[r], {j0, j0 + cols});
-        if (!keys.empty()) update_row(r, keys.begin - j0, keys.end - j0);
+        if (!keys.empty()) update_row({b, n, i0 + r, j0}, r, keys.begin - j0, keys.end - j0);
       }
     }
     write_rows(b, n, i0, rows);
@@ -178,25 +324,32 @@ class ForwardWorker {
 
   // Online softmax step for tile row r against the visible tile columns
   // [c0, c1): rescale the running sum and accumulator to the new row max,
-  // then add this block's exp(logit - max) weights.
-  void update_row(int64_t r, int64_t c0, int64_t c1) {
+  // then add this block's exp(logit - max) weights. The row sum takes the
+  // weights before dropout (the softmax and lse ignore it); only P V sees
+  // the dropped and rescaled ones.
+  void update_row(const TileRow& at, int64_t r, int64_t c0, int64_t c1) {
     const float* q = &q_[r * l_.H];
+    float* logits = logits_.data();
+    for (int64_t c = c0; c < c1; ++c) logits[c] = p_.scale * dot(q, &k_[c * l_.H], l_.H);
+    if (mods_.on_logits()) mods_.apply(at, c0, c1, logits, nullptr);
     float block_max = kNegInf;
-    for (int64_t c = c0; c < c1; ++c) {
-      logits_[c] = p_.scale * dot(q, &k_[c * l_.H], l_.H);
-      block_max = std::max(block_max, logits_[c]);
-    }
+    for (int64_t c = c0; c < c1; ++c) block_max = std::max(block_max, logits[c]);
     const float new_max = std::max(row_max_[r], block_max);
     if (new_max == kNegInf) return;  // only -inf logits so far: nothing to add
     const float correction = std::exp(row_max_[r] - new_max);
     float* acc = &acc_[r * l_.H];
     scale_row(correction, acc, l_.H);
+    float* weights = logits;  // in place
     float block_sum = 0.f;
     for (int64_t c = c0; c < c1; ++c) {
-      const float weight = std::exp(logits_[c] - new_max);
-      block_sum += weight;
-      axpy(weight, &v_[c * l_.H], acc, l_.H);
+      weights[c] = std::exp(logits[c] - new_max);
+      block_sum += weights[c];
     }
+    if (mods_.dropout()) {
+      mods_.keep_factors(at, c0, c1, keep_.data());
+      for (int64_t c = c0; c < c1; ++c) weights[c] *= keep_[c];
+    }
+    for (int64_t c = c0; c < c1; ++c) axpy(weights[c], &v_[c * l_.H], acc, l_.H);
     row_sum_[r] = row_sum_[r] * correction + block_sum;
     row_max_[r] = new_max;
   }
@@ -218,8 +371,9 @@ class ForwardWorker {
   const AttentionFwdParams& p_;
   const Layout& l_;
   MaskRanges ranges_;
+  ScoreMods<Elem> mods_;
   std::vector<float> q_, k_, v_, acc_;
-  std::vector<float> row_max_, row_sum_, logits_;
+  std::vector<float> row_max_, row_sum_, logits_, keep_;
   std::vector<KeyRange> row_keys_;
 };
 
@@ -254,34 +408,95 @@ void compute_delta(const AttentionBwdParams& p, const Layout& l, float* delta,
   });
 }
 
-// State shared by the two backward passes: inputs, layout and masks.
+// Whether each dbias element is reached by one dK/dV item (b, KV head, KV
+// block) only: not so for a bias broadcast over several batch rows, or over
+// query heads that read different KV heads.
+bool dbias_owned_by_dkdv(const AttentionScores& s, const Layout& l) {
+  return (s.bias_stride_b != 0 || l.B == 1) && (s.bias_stride_n != 0 || l.K == 1);
+}
+
+// State shared by the backward passes: inputs, layout, masks and score changes.
 template <typename Elem>
 struct BackwardInputs {
   const AttentionBwdParams& p;
   const Layout& l;
   const float* delta;
   MaskRanges ranges;
+  ScoreMods<Elem> mods;
+  float* dkdv_dbias;  // p.dbias when the dK/dV items write it, else null
 
   const Elem* q() const { return static_cast<const Elem*>(p.q); }
   const Elem* k() const { return static_cast<const Elem*>(p.k); }
   const Elem* v() const { return static_cast<const Elem*>(p.v); }
   const Elem* d_o() const { return static_cast<const Elem*>(p.d_o); }
-
-  // P[i, j] recomputed from the logit and the forward lse.
-  float prob(const float* q_row, const float* k_row, float lse) const {
-    return std::exp(p.scale * dot(q_row, k_row, l.H) - lse);
-  }
 };
 
-// One item per (b, KV head, KV block): dV_j = sum_i P_ij dO_i and
-// dK_j = scale * sum_i dS_ij Q_i with dS = P * (dO.V_j - delta), summed over
-// the group's query heads and all Q blocks that see the KV block.
+// The gradient terms of one query row against tile columns [c0, c1),
+// indexed by column. With x the softmax input (params.h) and f the dropout
+// factor keep / (1 - rate) (1 without dropout):
+struct RowGradients {
+  const float* dv_weight;  // P * f: the weight of dO_i in dV_j
+  const float* d_score;    // dS = P * (f * dO.V_j - delta) = d loss / dx, which is dbias
+  const float* d_logit;    // dS * d(capped)/d(logit) = d loss / d(scale * q.k)
+};
+
+// Recomputes RowGradients from the forward's lse; P = 0 where the row is
+// masked (x = -inf). Owns its row scratch.
+template <typename Elem>
+class RowGradient {
+ public:
+  explicit RowGradient(const BackwardInputs<Elem>& in)
+      : in_(in), prob_(kBlockK), dp_(kBlockK), keep_(kBlockK), dv_weight_(kBlockK),
+        d_score_(kBlockK), cap_grad_(kBlockK), d_logit_(kBlockK) {}
+
+  // q, d_o: the row's Q and dO; k, v: the tile's rows.
+  RowGradients operator()(const TileRow& at, const float* q, const float* d_o, const float* k,
+                          const float* v, int64_t c0, int64_t c1) {
+    const ScoreMods<Elem>& mods = in_.mods;
+    const int64_t H = in_.l.H;
+    const int64_t lse_at = in_.l.lse_index(at.b, at.n, at.i);
+    const float lse = in_.p.lse[lse_at];
+    const float delta = in_.delta[lse_at];
+
+    float* prob = prob_.data();  // the logits first, then P in place
+    for (int64_t c = c0; c < c1; ++c) prob[c] = in_.p.scale * dot(q, &k[c * H], H);
+    if (mods.on_logits()) {
+      mods.apply(at, c0, c1, prob, mods.softcap() ? cap_grad_.data() : nullptr);
+    }
+    for (int64_t c = c0; c < c1; ++c) prob[c] = std::exp(prob[c] - lse);
+    for (int64_t c = c0; c < c1; ++c) dp_[c] = dot(d_o, &v[c * H], H);
+
+    RowGradients g{prob, d_score_.data(), d_score_.data()};
+    if (mods.dropout()) {
+      mods.keep_factors(at, c0, c1, keep_.data());
+      for (int64_t c = c0; c < c1; ++c) {
+        dv_weight_[c] = prob[c] * keep_[c];
+        dp_[c] *= keep_[c];
+      }
+      g.dv_weight = dv_weight_.data();
+    }
+    for (int64_t c = c0; c < c1; ++c) d_score_[c] = prob[c] * (dp_[c] - delta);
+    if (mods.softcap()) {
+      for (int64_t c = c0; c < c1; ++c) d_logit_[c] = d_score_[c] * cap_grad_[c];
+      g.d_logit = d_logit_.data();
+    }
+    return g;
+  }
+
+ private:
+  const BackwardInputs<Elem>& in_;
+  std::vector<float> prob_, dp_, keep_, dv_weight_, d_score_, cap_grad_, d_logit_;
+};
+
+// One item per (b, KV head, KV block): dV_j = sum_i P_ij f_ij dO_i and
+// dK_j = scale * sum_i dlogit_ij Q_i, summed over the group's query heads
+// and all Q blocks that see the KV block; also dbias when it owns it.
 template <typename Elem>
 class DkDvWorker {
  public:
   explicit DkDvWorker(const BackwardInputs<Elem>& in)
-      : in_(in), l_(in.l), k_(kBlockK * l_.H), v_(kBlockK * l_.H), dk_(kBlockK * l_.H),
-        dv_(kBlockK * l_.H), q_(kBlockQ * l_.H), do_(kBlockQ * l_.H) {}
+      : in_(in), l_(in.l), grad_(in), k_(kBlockK * l_.H), v_(kBlockK * l_.H),
+        dk_(kBlockK * l_.H), dv_(kBlockK * l_.H), q_(kBlockQ * l_.H), do_(kBlockQ * l_.H) {}
 
   void operator()(int64_t item) {
     const auto [b, kv_head, kb] = split_item(item, l_.K, l_.num_k_blocks());
@@ -292,8 +507,10 @@ class DkDvWorker {
     load_rows(in_.v() + l_.k_index(b, j0, kv_head), l_.k_row_stride(), cols, l_.H, v_.data());
     std::fill(dk_.begin(), dk_.end(), 0.f);
     std::fill(dv_.begin(), dv_.end(), 0.f);
+    if (in_.dkdv_dbias != nullptr) clear_dbias(b, kv_head, j0, cols);
 
-    for (int64_t qb = 0; qb < l_.num_q_blocks(); ++qb) {
+    const BlockSpan q_span = blocks_of(in_.ranges.key_rows(b, j0, j0 + cols), kBlockQ);
+    for (int64_t qb = q_span.first; qb < q_span.last; ++qb) {
       const int64_t i0 = qb * kBlockQ;
       const int64_t rows = std::min(kBlockQ, l_.T - i0);
       if (intersect(in_.ranges.rows(b, i0, i0 + rows), {j0, j0 + cols}).empty()) continue;
@@ -311,6 +528,19 @@ class DkDvWorker {
   }
 
  private:
+  // dbias columns [j0, j0 + cols) of every row, for the group's heads: this
+  // item's share, zeroed here because masked pairs never add to it. (With a
+  // head-broadcast bias the group's heads share one plane, zeroed repeatedly
+  // before any add.)
+  void clear_dbias(int64_t b, int64_t kv_head, int64_t j0, int64_t cols) {
+    for (int64_t g = 0; g < l_.group; ++g) {
+      for (int64_t i = 0; i < l_.T; ++i) {
+        float* row = in_.dkdv_dbias + in_.mods.bias_row(b, kv_head * l_.group + g, i) + j0;
+        std::fill(row, row + cols, 0.f);
+      }
+    }
+  }
+
   void accumulate_q_block(int64_t b, int64_t n, int64_t i0, int64_t rows, int64_t j0,
                           int64_t cols) {
     load_rows(in_.q() + l_.q_index(b, i0, n), l_.q_row_stride(), rows, l_.H, q_.data());
@@ -318,32 +548,35 @@ class DkDvWorker {
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t i = i0 + r;
       const KeyRange keys = intersect(in_.ranges.row(b, i), {j0, j0 + cols});
-      const float lse = in_.p.lse[l_.lse_index(b, n, i)];
-      if (keys.empty() || lse == kNegInf) continue;
-      const float delta = in_.delta[l_.lse_index(b, n, i)];
+      if (keys.empty() || in_.p.lse[l_.lse_index(b, n, i)] == kNegInf) continue;
+      const int64_t c0 = keys.begin - j0, c1 = keys.end - j0;
       const float* q = &q_[r * l_.H];
       const float* d_o = &do_[r * l_.H];
-      for (int64_t c = keys.begin - j0; c < keys.end - j0; ++c) {
-        const float prob = in_.prob(q, &k_[c * l_.H], lse);
-        const float d_logit = prob * (dot(d_o, &v_[c * l_.H], l_.H) - delta);
-        axpy(prob, d_o, &dv_[c * l_.H], l_.H);
-        axpy(d_logit, q, &dk_[c * l_.H], l_.H);
+      const RowGradients g = grad_({b, n, i, j0}, q, d_o, k_.data(), v_.data(), c0, c1);
+      for (int64_t c = c0; c < c1; ++c) {
+        axpy(g.dv_weight[c], d_o, &dv_[c * l_.H], l_.H);
+        axpy(g.d_logit[c], q, &dk_[c * l_.H], l_.H);
+      }
+      if (in_.dkdv_dbias != nullptr) {
+        float* dbias = in_.dkdv_dbias + in_.mods.bias_row(b, n, i) + j0;
+        for (int64_t c = c0; c < c1; ++c) dbias[c] += g.d_score[c];
       }
     }
   }
 
   const BackwardInputs<Elem>& in_;
   const Layout& l_;
+  RowGradient<Elem> grad_;
   std::vector<float> k_, v_, dk_, dv_, q_, do_;
 };
 
-// One item per (b, head, Q block): dQ_i = scale * sum_j dS_ij K_j.
+// One item per (b, head, Q block): dQ_i = scale * sum_j dlogit_ij K_j.
 template <typename Elem>
 class DqWorker {
  public:
   explicit DqWorker(const BackwardInputs<Elem>& in)
-      : in_(in), l_(in.l), q_(kBlockQ * l_.H), do_(kBlockQ * l_.H), dq_(kBlockQ * l_.H),
-        k_(kBlockK * l_.H), v_(kBlockK * l_.H), row_keys_(kBlockQ) {}
+      : in_(in), l_(in.l), grad_(in), q_(kBlockQ * l_.H), do_(kBlockQ * l_.H),
+        dq_(kBlockQ * l_.H), k_(kBlockK * l_.H), v_(kBlockK * l_.H), row_keys_(kBlockQ) {}
 
   void operator()(int64_t item) {
     const auto [b, n, q_block] = split_item(item, l_.N, l_.num_q_blocks());
@@ -375,23 +608,98 @@ class DqWorker {
  private:
   void accumulate_row(int64_t b, int64_t n, int64_t i, int64_t r, int64_t j0, int64_t cols) {
     const KeyRange keys = intersect(row_keys_[r], {j0, j0 + cols});
-    const float lse = in_.p.lse[l_.lse_index(b, n, i)];
-    if (keys.empty() || lse == kNegInf) return;
-    const float delta = in_.delta[l_.lse_index(b, n, i)];
-    const float* q = &q_[r * l_.H];
-    const float* d_o = &do_[r * l_.H];
+    if (keys.empty() || in_.p.lse[l_.lse_index(b, n, i)] == kNegInf) return;
+    const int64_t c0 = keys.begin - j0, c1 = keys.end - j0;
+    const RowGradients g =
+        grad_({b, n, i, j0}, &q_[r * l_.H], &do_[r * l_.H], k_.data(), v_.data(), c0, c1);
     float* dq = &dq_[r * l_.H];
-    for (int64_t c = keys.begin - j0; c < keys.end - j0; ++c) {
-      const float prob = in_.prob(q, &k_[c * l_.H], lse);
-      const float d_logit = prob * (dot(d_o, &v_[c * l_.H], l_.H) - delta);
-      axpy(d_logit, &k_[c * l_.H], dq, l_.H);
-    }
+    for (int64_t c = c0; c < c1; ++c) axpy(g.d_logit[c], &k_[c * l_.H], dq, l_.H);
   }
 
   const BackwardInputs<Elem>& in_;
   const Layout& l_;
+  RowGradient<Elem> grad_;
   std::vector<float> q_, do_, dq_, k_, v_;
   std::vector<KeyRange> row_keys_;
+};
+
+// dbias split into tiles (bias batch, bias head, Q block, KV block); a
+// broadcast axis has one bias batch (head), which stands for all of them.
+struct BiasTiles {
+  int64_t batches, heads, q_blocks, k_blocks;
+
+  BiasTiles(const AttentionScores& s, const Layout& l)
+      : batches(s.bias_stride_b != 0 ? l.B : 1), heads(s.bias_stride_n != 0 ? l.N : 1),
+        q_blocks(l.num_q_blocks()), k_blocks(l.num_k_blocks()) {}
+
+  int64_t count() const { return batches * heads * q_blocks * k_blocks; }
+};
+
+// One item per tile of a dbias that dK/dV items would share: it sums dS over
+// the (b, n) that read the tile in a fixed order, then writes the tile, so
+// each element has one writer and one summation order. It recomputes P and
+// dP for that rather than have threads add into one element.
+template <typename Elem>
+class DbiasWorker {
+ public:
+  DbiasWorker(const BackwardInputs<Elem>& in, const BiasTiles& tiles)
+      : in_(in), l_(in.l), tiles_(tiles), grad_(in), q_(kBlockQ * l_.H), do_(kBlockQ * l_.H),
+        k_(kBlockK * l_.H), v_(kBlockK * l_.H), tile_(kBlockQ * kBlockK) {}
+
+  void operator()(int64_t item) {
+    const int64_t kb = item % tiles_.k_blocks;
+    const int64_t qb = item / tiles_.k_blocks % tiles_.q_blocks;
+    const int64_t bias_n = item / (tiles_.k_blocks * tiles_.q_blocks) % tiles_.heads;
+    const int64_t bias_b = item / (tiles_.k_blocks * tiles_.q_blocks * tiles_.heads);
+    const int64_t i0 = qb * kBlockQ, rows = std::min(kBlockQ, l_.T - i0);
+    const int64_t j0 = kb * kBlockK, cols = std::min(kBlockK, l_.S - j0);
+
+    std::fill(tile_.begin(), tile_.end(), 0.f);
+    loaded_b_ = loaded_kv_head_ = -1;
+    // On a broadcast axis (one bias batch or head) the loop visits every b
+    // (n), else only the tile's own.
+    for (int64_t b = bias_b; b < l_.B; b += tiles_.batches) {
+      for (int64_t n = bias_n; n < l_.N; n += tiles_.heads) accumulate(b, n, i0, rows, j0, cols);
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* sum = &tile_[r * kBlockK];
+      std::copy(sum, sum + cols, in_.p.dbias + in_.mods.bias_row(bias_b, bias_n, i0 + r) + j0);
+    }
+  }
+
+ private:
+  void accumulate(int64_t b, int64_t n, int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
+    if (intersect(in_.ranges.rows(b, i0, i0 + rows), {j0, j0 + cols}).empty()) return;
+    load_rows(in_.q() + l_.q_index(b, i0, n), l_.q_row_stride(), rows, l_.H, q_.data());
+    load_rows(in_.d_o() + l_.q_index(b, i0, n), l_.q_row_stride(), rows, l_.H, do_.data());
+    load_kv(b, n / l_.group, j0, cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = i0 + r;
+      const KeyRange keys = intersect(in_.ranges.row(b, i), {j0, j0 + cols});
+      if (keys.empty() || in_.p.lse[l_.lse_index(b, n, i)] == kNegInf) continue;
+      const int64_t c0 = keys.begin - j0, c1 = keys.end - j0;
+      const RowGradients g =
+          grad_({b, n, i, j0}, &q_[r * l_.H], &do_[r * l_.H], k_.data(), v_.data(), c0, c1);
+      float* sum = &tile_[r * kBlockK];
+      for (int64_t c = c0; c < c1; ++c) sum[c] += g.d_score[c];
+    }
+  }
+
+  // Consecutive heads of a group read the same K/V tile: load it once.
+  void load_kv(int64_t b, int64_t kv_head, int64_t j0, int64_t cols) {
+    if (b == loaded_b_ && kv_head == loaded_kv_head_) return;
+    load_rows(in_.k() + l_.k_index(b, j0, kv_head), l_.k_row_stride(), cols, l_.H, k_.data());
+    load_rows(in_.v() + l_.k_index(b, j0, kv_head), l_.k_row_stride(), cols, l_.H, v_.data());
+    loaded_b_ = b;
+    loaded_kv_head_ = kv_head;
+  }
+
+  const BackwardInputs<Elem>& in_;
+  const Layout& l_;
+  const BiasTiles& tiles_;
+  RowGradient<Elem> grad_;
+  std::vector<float> q_, do_, k_, v_, tile_;
+  int64_t loaded_b_ = -1, loaded_kv_head_ = -1;
 };
 
 template <typename Elem>
@@ -405,12 +713,23 @@ void backward(const AttentionBwdParams& p, const TaskRunner* runner) {
   }
   compute_delta<Elem>(p, l, delta, runner);
 
-  const BackwardInputs<Elem> in{p, l, delta, MaskRanges(p.mask, l.S)};
+  float* dbias = p.scores.bias != nullptr ? p.dbias : nullptr;
+  const bool dkdv_dbias = dbias != nullptr && dbias_owned_by_dkdv(p.scores, l);
+  const BackwardInputs<Elem> in{p, l, delta, MaskRanges(p.mask, l.T, l.S),
+                                ScoreMods<Elem>(p.mask, p.scores, l),
+                                dkdv_dbias ? dbias : nullptr};
   // Per item: two dots and two axpys over H for every (row, key) pair.
   const double dkdv_work = static_cast<double>(l.group) * l.T * std::min(kBlockK, l.S) * l.H * 8;
   for_each_item(runner, l.B * l.K * l.num_k_blocks(), dkdv_work, [&] { return DkDvWorker<Elem>(in); });
   const double dq_work = static_cast<double>(std::min(kBlockQ, l.T)) * l.S * l.H * 6;
   for_each_item(runner, l.B * l.N * l.num_q_blocks(), dq_work, [&] { return DqWorker<Elem>(in); });
+  if (dbias != nullptr && !dkdv_dbias) {
+    const BiasTiles tiles(p.scores, l);
+    // Per item: two dots over H for every pair of the tile and (b, n) it sums.
+    const double readers = static_cast<double>(l.B / tiles.batches) * (l.N / tiles.heads);
+    const double work = readers * std::min(kBlockQ, l.T) * std::min(kBlockK, l.S) * l.H * 4;
+    for_each_item(runner, tiles.count(), work, [&] { return DbiasWorker<Elem>(in, tiles); });
+  }
 }
 
 bool is_empty(const AttentionShape& s) {
