@@ -129,8 +129,10 @@ def _kernel_dict(optional):
 
 
 def _dbias_aval(q, bias):
-  shape = bias.shape if bias is not None and bias.size else (0,)
-  return _primitive.result_aval(q, shape, F32)
+  """float32, shaped and sharded as the bias ((0,) without one)."""
+  if bias is None or not bias.size:
+    return _primitive.result_aval(q, (0,), F32)
+  return _primitive.result_aval(bias, bias.shape, F32, _primitive.row_spec(bias, bias.ndim))
 
 
 def _fwd_kernel_abstract(q, k, v, *optional, cfg):
@@ -183,7 +185,9 @@ def _block_min_max(ids):
   """Per 64-position block of ids [B, L]: (min, max), each [B, ceil(L / 64)]."""
   B, L = ids.shape
   pad = -L % _SEGMENT_BLOCK
-  blocks = jnp.pad(ids, ((0, 0), (0, pad)), mode="edge").reshape(B, -1, _SEGMENT_BLOCK)
+  if pad:  # repeat the last id: the block's range stays the same
+    ids = jnp.concatenate([ids, jnp.repeat(ids[:, -1:], pad, axis=1)], axis=1)
+  blocks = ids.reshape(B, -1, _SEGMENT_BLOCK)
   return blocks.min(-1), blocks.max(-1)
 
 
@@ -353,8 +357,8 @@ def _partitioned_maker(kind, local, ring_local):
       operands, results = [q_rule, kv_rule, kv_rule], [q_rule, lse_rule]
     else:
       operands = [q_rule, kv_rule, kv_rule, q_rule, lse_rule, q_rule]
-      results = [q_rule, kv_rule, kv_rule] + ([optional[cfg.present.index("bias")]]
-                                              if cfg.has("bias") else [])
+      results = [q_rule, kv_rule, kv_rule]
+    dbias = kind == "bwd" and cfg.has("bias")  # the bias's gradient, laid out as the bias
 
     def choose(mesh, specs):
       b, h = _head_specs(mesh, specs[0], num_kv_heads)
@@ -366,15 +370,16 @@ def _partitioned_maker(kind, local, ring_local):
       t = ring[0].axis_name if ring else None
       blocks = {q_rule: P(b, t, h, None), kv_rule: P(b, t, h, None), lse_rule: P(b, h, t)}
       extra = _optional_specs(cfg, shapes, b, h)
-      res = [blocks[r] for r in results[:len(results) - cfg.has("bias")]]
-      if kind == "bwd" and cfg.has("bias"):
+      res = [blocks[r] for r in results]
+      if dbias:
         res.append(extra[cfg.present.index("bias")])
       body = functools.partial(ring_local, cfg, *ring) if ring else None
       return [blocks[r] for r in operands] + extra, res, [()] * len(res), body
 
     return _primitive.partitioned_call(
         functools.partial(local, cfg),
-        sharding_rule=", ".join(operands + optional) + " -> " + ", ".join(results),
+        sharding_rule=", ".join(operands + optional) + " -> " + ", ".join(
+            results + ([optional[cfg.present.index("bias")]] if dbias else [])),
         choose_shardings=choose, **({"g": groups} if groups > 1 else {}))
   return make
 
