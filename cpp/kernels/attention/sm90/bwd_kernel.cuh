@@ -8,7 +8,12 @@
 //   P^T = exp2(S^T * scale log2 e - lse log2 e), masked
 //   dV += P^T dO, dS^T = P^T (dP^T - delta), dK += dS^T Q   (P, dS from registers)
 //   dQ += dS K  (dS^T staged in shared memory; fp32 red.add into dq_accum)
-// The deterministic path stays on the portable kernels.
+// The deterministic path stays on the portable kernels. Segment ids, the
+// boolean mask, soft cap, bias and dropout run in separate instances of the
+// same kernel (kFeat, features.cuh); with soft cap, bias or dropout
+// (kScores and up) a step waits for both S^T and dP^T and forms P^T and
+// dS^T in one pass, which needs no registers for the soft-cap gradient or
+// the keep mask between the two.
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -17,6 +22,7 @@
 #include "kernels/attention/mask.cuh"
 #include "kernels/attention/mma_sm80.cuh"
 #include "kernels/attention/sm90/entry.h"
+#include "kernels/attention/sm90/features.cuh"
 #include "kernels/attention/sm90/hopper.cuh"
 #include "kernels/attention/sm90/tensor_map.h"
 #include "kernels/attention/softmax.cuh"
@@ -46,9 +52,11 @@ struct BwdConfig {
   static constexpr int kColBlocks = kHeadDim / kSwizzleCols;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // K or V
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;   // Q or dO
-  static constexpr int kVecBytes = kBlockM * 4;            // lse or delta
+  static constexpr int kVecBytes = kBlockM * 4;            // lse, delta or query segment ids
+  // The ids and their range (feature instances) live in the alignment padding.
   static constexpr int kStageBytes =
       (2 * kQBytes + 2 * kVecBytes + kSwizzleAtomBytes - 1) / kSwizzleAtomBytes * kSwizzleAtomBytes;
+  static_assert(kStageBytes >= 2 * kQBytes + 3 * kVecBytes + 8, "room for the segment ids");
   // dS^T [keys][queries]: double-buffered, or one buffer per warpgroup.
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
   static constexpr int kSmemBytes = kSwizzleAtomBytes + 2 * kKVBytes + kStages * kStageBytes +
@@ -56,6 +64,10 @@ struct BwdConfig {
   // The split-D consumers hold the most (S^T and dP^T plus half of dK, dV).
   static constexpr int kProducerRegs = kSplitD ? 24 : 40;
   static constexpr int kConsumerRegs = kSplitD ? 240 : 232;
+  // kScores and up: their consumers need every register they can get (the
+  // fused P^T / dS^T pass); the producer warp copes with 24.
+  static constexpr int kScoreProducerRegs = 24;
+  static constexpr int kScoreConsumerRegs = 240;
   // Lanes of the producer warp that write lse/delta and arrive, plus the
   // arrive that carries the TMA byte count.
   static constexpr int kFullArrivals = kWarpSize + 1;
@@ -63,6 +75,13 @@ struct BwdConfig {
                 "dQ split by columns: one block each, or one block taken in turns");
   static_assert(kAccCols % kSwizzleCols == 0, "dK/dV halves are whole column blocks");
   static_assert(kSmemBytes <= 227 * 1024, "fits the sm_90 shared-memory opt-in");
+  // kBias instances: per ring stage, the bias tile (kBlockM queries x
+  // kBlockN keys, 16-bit or float32, swizzled) before the barriers.
+  static constexpr int bias_smem_bytes(bool f32) {
+    return kSmemBytes + kStages * kBlockM * kBlockN * (f32 ? 4 : 2);
+  }
+  static_assert(kScoreProducerRegs * kWarpgroupThreads + kScoreConsumerRegs * kConsumers *
+                        kWarpgroupThreads <= 64 * 1024, "register file");
   static_assert(kProducerRegs * kWarpgroupThreads + kConsumerRegs * kConsumers *
                         kWarpgroupThreads <= 64 * 1024, "register file");
 };
@@ -75,15 +94,26 @@ template <>
 struct BwdTiles<128> { using type = BwdConfig<128, 3, false>; };
 template <>
 struct BwdTiles<256> { using type = BwdConfig<256, 2, true, true>; };
+// kBias instances: head dim 128 gives up a stage for the bias tiles; head
+// dim 256 has no room for them (its bias is read per element, kScores).
+template <int kHeadDim>
+struct BwdBiasTiles : BwdTiles<kHeadDim> {};
+template <>
+struct BwdBiasTiles<128> { using type = BwdConfig<128, 2, false>; };
 
 struct BwdSm90Args {
   CUtensorMap q_map, do_map;   // box 64 rows
   CUtensorMap k_map, v_map;    // box 128 rows
   CUtensorMap dk_map, dv_map;  // box 64 rows (one consumer warpgroup)
   BwdArgs a;
+  CUtensorMap bias_map;  // kBias instances: box 64 query rows x 128 bytes of keys
 };
 
-template <DType kDt, class Cfg>
+// kFeat (features.cuh): kPlain, or the instances that add segment ids and
+// the boolean mask (kMasks), also soft cap and bias (kScores, kBias), and
+// also dropout (kDropout), each a run-time branch inside them. The plain
+// instance compiles none of that.
+template <DType kDt, class Cfg, int kFeat = kPlain>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args p) {
 #ifdef JAXCRAFT_SM90A_ENABLED
@@ -97,11 +127,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const uint32_t v_sa = k_sa + Cfg::kKVBytes;
   const uint32_t stage_sa = v_sa + Cfg::kKVBytes;
   const uint32_t ds_sa = stage_sa + kStages * Cfg::kStageBytes;
-  const RingBarriers<kStages> ring{ds_sa + 2 * Cfg::kDsBytes};
+  // kBias: stage s's bias tile, between the dS^T buffers and the barriers.
+  [[maybe_unused]] const int bias_tile_bytes = kBM * kBN * (a.scores.bias_f32 ? 4 : 2);
+  [[maybe_unused]] auto bias_tile = [&](int s) { return ds_sa + 2 * Cfg::kDsBytes + s * bias_tile_bytes; };
+  const RingBarriers<kStages> ring{ds_sa + 2 * Cfg::kDsBytes +
+                                   (kFeat == kBias ? kStages * bias_tile_bytes : 0)};
   auto q_tile = [&](int s) { return stage_sa + s * Cfg::kStageBytes; };
   auto do_tile = [&](int s) { return q_tile(s) + Cfg::kQBytes; };
   auto lse_vec = [&](int s) { return do_tile(s) + Cfg::kQBytes; };
   auto delta_vec = [&](int s) { return lse_vec(s) + Cfg::kVecBytes; };
+  [[maybe_unused]] auto qid_vec = [&](int s) { return delta_vec(s) + Cfg::kVecBytes; };
 
   const int tid = threadIdx.x;
   const int wg = tid / kWarpgroupThreads, lane = tid % kWarpSize;
@@ -112,14 +147,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int kv_head = blockIdx.y, b = blockIdx.z;
   const int group = sh.num_heads / sh.num_kv_heads;
   const SeqLens lens = seq_lens(a.mask, sh, b);
+  // The query tiles [mt_begin, mt_end) this CTA visits (for each query head
+  // of the group), computed here, before the roles split, so that the
+  // producer loads exactly the tiles the consumers take from the ring.
   int q_lo = 0, q_hi = 0;
-  if (n0 < lens.kv_len)
-    query_range(a.mask, n0, min(n0 + kBN, lens.kv_len) - 1, lens.q_len, &q_lo, &q_hi);
+  if (n0 < lens.kv_len) {
+    const int c1 = min(n0 + kBN, lens.kv_len) - 1;
+    query_range(a.mask, n0, c1, lens.q_len, &q_lo, &q_hi);
+    if constexpr (kFeat != kPlain) segment_query_range(a.mask, sh, b, n0, c1, &q_lo, &q_hi);
+  }
   const int mt_begin = max(q_lo, 0) / kBM;
   const int mt_end = q_hi > q_lo ? (q_hi + kBM - 1) / kBM : mt_begin;
 
   if (wg == 0) {
-    setmaxnreg_dec<Cfg::kProducerRegs>();
+    setmaxnreg_dec<kFeat >= kScores ? Cfg::kScoreProducerRegs : Cfg::kProducerRegs>();
     if (tid >= kWarpSize) return;
     if (lane == 0) {
       mbar_arrive_expect_tx(ring.once(), 2 * Cfg::kKVBytes);
@@ -138,7 +179,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const int s = ring.stage(it);
         ring.wait_free(it);
         if (lane == 0) {
-          mbar_arrive_expect_tx(ring.full(s), 2 * Cfg::kQBytes);
+          mbar_arrive_expect_tx(ring.full(s),
+                                2 * Cfg::kQBytes + (kFeat == kBias ? bias_tile_bytes : 0));
 #pragma unroll
           for (int cb = 0; cb < kCB; ++cb) {
             tma_load_4d(q_tile(s) + cb * col_block_bytes<kBM>(), &p.q_map, ring.full(s),
@@ -146,9 +188,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             tma_load_4d(do_tile(s) + cb * col_block_bytes<kBM>(), &p.do_map, ring.full(s),
                         cb * kSwizzleCols, h, mt * kBM, b);
           }
+          if constexpr (kFeat == kBias) {
+            // Queries mt kBM.. x keys n0.., in 128-byte column blocks; past
+            // the ends reads zero (and is masked).
+            const int block_keys = a.scores.bias_f32 ? 32 : 64;
+            const int bn = a.scores.bias_stride_n ? h : 0, bb = a.scores.bias_stride_b ? b : 0;
+            for (int cb = 0; cb < kBN / block_keys; ++cb)
+              tma_load_4d(bias_tile(s) + cb * kBM * kSwizzleRowBytes, &p.bias_map, ring.full(s),
+                          n0 + cb * block_keys, mt * kBM, bn, bb);
+          }
         }
         // Queries past q_len (or with no visible key: lse = -inf) get an
         // exponent offset of +inf, so their P, and with it their dS, is 0.
+        [[maybe_unused]] int id_lo = INT_MAX, id_hi = INT_MIN;
 #pragma unroll
         for (int i = lane; i < kBM; i += kWarpSize) {
           const int q = mt * kBM + i;
@@ -157,6 +209,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           const float l2 = l == -INFINITY ? INFINITY : l * kLog2e;
           asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(lse_vec(s) + 4 * i), "f"(l2) : "memory");
           asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(delta_vec(s) + 4 * i), "f"(dl) : "memory");
+          if constexpr (kFeat != kPlain) {
+            // Query segment ids (queries past T read query T - 1: their P is 0).
+            if (a.mask.q_segment_ids != nullptr) {
+              const int id = a.mask.q_segment_ids[int64_t(b) * sh.seqlen_q + min(q, sh.seqlen_q - 1)];
+              asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(qid_vec(s) + 4 * i), "r"(id) : "memory");
+              id_lo = min(id_lo, id);
+              id_hi = max(id_hi, id);
+            }
+          }
+        }
+        if constexpr (kFeat != kPlain) {
+          // ... and their range, after the ids.
+          if (a.mask.q_segment_ids != nullptr) {
+            id_lo = warp_min(id_lo);
+            id_hi = warp_max(id_hi);
+            if (lane == 0) {
+              asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(qid_vec(s) + Cfg::kVecBytes),
+                           "r"(id_lo), "r"(id_hi)
+                           : "memory");
+            }
+          }
         }
         mbar_arrive(ring.full(s));
       }
@@ -164,7 +237,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     return;
   }
 
-  setmaxnreg_inc<Cfg::kConsumerRegs>();
+  setmaxnreg_inc<kFeat >= kScores ? Cfg::kScoreConsumerRegs : Cfg::kConsumerRegs>();
   const int c = wg - 1;  // consumer: keys [n0 + 64 c, n0 + 64 c + 64)
   const int ct = tid % kWarpgroupThreads, w = ct / kWarpSize;
   const int g = lane / 4, t = lane % 4;
@@ -179,6 +252,176 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   for (int j = 0; j < kAcc / 8; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.f;
+
+  // Segment ids of this thread's two keys (keys past S read key S - 1: they
+  // are hidden by the length mask) and the warp's id range, held for the
+  // whole CTA; the query ids come through the ring with lse and delta.
+  [[maybe_unused]] int kid[2] = {0, 0};
+  [[maybe_unused]] int key_id_lo = 0, key_id_hi = 0;
+  if constexpr (kFeat != kPlain) {
+    if (a.mask.q_segment_ids != nullptr) {
+      const int32_t* kv_ids = a.mask.kv_segment_ids + int64_t(b) * sh.seqlen_k;
+#pragma unroll
+      for (int h2 = 0; h2 < 2; ++h2)
+        kid[h2] = __ldg(kv_ids + min(n0 + thread_key0 + 8 * h2, sh.seqlen_k - 1));
+      key_id_lo = warp_min(min(kid[0], kid[1]));
+      key_id_hi = warp_max(max(kid[0], kid[1]));
+    }
+  }
+  // Feature instances: visibility of the step's fragment elements under
+  // segment ids and the boolean mask, as bits 4 j + 2 h2 + e for element
+  // st[j][2 h2 + e] (key n0 + thread_key0 + 8 h2, query m0 + 8 j + 2 t + e).
+  // The bit loops stay rolled: unrolled, the compiler would hoist all their
+  // loads and crowd the registers.
+  [[maybe_unused]] auto visibility = [&](int s, int m0, int h) -> uint32_t {
+    uint32_t vis = ~0u;
+    if (a.mask.q_segment_ids != nullptr) {
+      int2 q_range;
+      asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n"
+                   : "=r"(q_range.x), "=r"(q_range.y)
+                   : "r"(qid_vec(s) + Cfg::kVecBytes));
+      const int cover = segment_cover(key_id_lo, key_id_hi, q_range.x, q_range.y);
+      if (cover != kSegAllVisible) {
+        vis = 0u;
+        if (cover == kSegMixed) {
+#pragma unroll 1
+          for (int j = 0; j < kBM / 8; ++j) {
+            int2 id;
+            asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n"
+                         : "=r"(id.x), "=r"(id.y)
+                         : "r"(qid_vec(s) + 4 * (8 * j + 2 * t)));
+#pragma unroll
+            for (int h2 = 0; h2 < 2; ++h2)
+              vis |= (uint32_t(id.x == kid[h2]) | uint32_t(id.y == kid[h2]) << 1) << (4 * j + 2 * h2);
+          }
+        }
+      }
+    }
+    if (a.mask.mask != nullptr) {
+      const uint8_t* mh = a.mask.mask + b * a.mask.mask_stride_b + h * a.mask.mask_stride_n;
+      uint32_t bits = 0u;
+#pragma unroll 1
+      for (int j = 0; j < kBM / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const long long row =
+              static_cast<long long>(min(m0 + 8 * j + 2 * t + e, sh.seqlen_q - 1)) * sh.seqlen_k;
+#pragma unroll
+          for (int h2 = 0; h2 < 2; ++h2) {
+            const int key = min(n0 + thread_key0 + 8 * h2, sh.seqlen_k - 1);
+            bits |= uint32_t(__ldg(mh + row + key) != 0) << (4 * j + 2 * h2 + e);
+          }
+        }
+      vis &= bits;
+    }
+    return vis;
+  };
+
+  // kScores and up: P^T (dropped and rescaled under kDropout) into st and
+  // dS^T (times the soft-cap gradient) into dpt in one pass, once both
+  // products are in; dS itself goes to dbias. dbias is
+  // a plain store unless several (b, n) share an element (a broadcast bias:
+  // GQA heads of one KV head visit it in turn, other KV heads and batch
+  // rows run in other CTAs); with kSplitD both warpgroups compute the same
+  // dS and the first one writes it.
+  [[maybe_unused]] auto score_step = [&](int s, int m0, int h, bool partial,
+                                         float (&st)[kBM / 8][4], float (&dpt)[kBM / 8][4]) {
+    const uint32_t vis = visibility(s, m0, h);
+    const float cap = a.scores.softcap, inv_cap = cap > 0.f ? 1.f / cap : 0.f;
+    const void* bias = a.scores.bias;
+    const bool f32 = a.scores.bias_f32;
+    const long long bias_h = b * a.scores.bias_stride_b + h * a.scores.bias_stride_n;
+    float* dbias = a.dbias != nullptr && (!Cfg::kSplitD || c == 0) ? a.dbias + bias_h : nullptr;
+    const bool dbias_atomic = (a.scores.bias_stride_b == 0 && sh.batch > 1) ||
+                              (a.scores.bias_stride_n == 0 && sh.num_heads > 1);
+    const int key_base = n0 + thread_key0;
+    // kDropout: key k of query q is word k % 4 (= g % 4 here) of Philox
+    // block (k / 4, q). The four lanes g & ~3 + {0..3} (same t) need the
+    // same four blocks per j, (h2, e) = (i / 2, i % 2): lane i = g % 4
+    // computes block i and a 4 x 4 transpose hands each lane its word.
+    [[maybe_unused]] uint32_t drop_key[2] = {0u, 0u};
+    [[maybe_unused]] uint32_t drop_b = 0, drop_n = 0;
+    if constexpr (kFeat == kDropout) {
+      drop_key[0] = a.scores.dropout_key[0];
+      drop_key[1] = a.scores.dropout_key[1];
+      drop_b = a.scores.dropout_broadcast ? 0 : b;
+      drop_n = a.scores.dropout_broadcast ? 0 : h;
+    }
+    [[maybe_unused]] const uint32_t drop_kb4 = (n0 + thread_key0 - (g & 3)) / 4;
+#pragma unroll
+    for (int j = 0; j < kBM / 8; ++j) {
+      [[maybe_unused]] uint32_t keep_word[4];
+      if constexpr (kFeat == kDropout) {
+        const int i = g & 3;
+        const Philox4 w = dropout_block(drop_key, drop_b, drop_n, m0 + 8 * j + 2 * t + (i & 1),
+                                        drop_kb4 + 2 * (i >> 1));
+#pragma unroll
+        for (int k = 0; k < 4; ++k) keep_word[k] = w.x[k];
+        transpose4(keep_word, i, 4);  // keep_word[2 h2 + e]: this lane's word
+      }
+      float2 l2, d2;
+      asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+                   : "=f"(l2.x), "=f"(l2.y)
+                   : "r"(lse_vec(s) + 4 * (8 * j + 2 * t)));
+      asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+                   : "=f"(d2.x), "=f"(d2.y)
+                   : "r"(delta_vec(s) + 4 * (8 * j + 2 * t)));
+#pragma unroll
+      for (int h2 = 0; h2 < 2; ++h2)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int q = m0 + 8 * j + 2 * t + e, key = key_base + 8 * h2;
+          const float xc = capped_logit(st[j][2 * h2 + e], a.scale, cap, inv_cap);
+          float x = xc;
+          if constexpr (kFeat == kBias) {
+            // From the stage's tile, conflict-free: a warp access reads
+            // 4 query rows x one chunk of keys (two for float32), which
+            // the swizzle puts on distinct banks. (ldmatrix.trans would
+            // fetch 16-bit pairs in a quarter of the instructions, but its
+            // registers, held across the pass, cost 176 bytes of spills.)
+            const uint32_t at = bias_tile_addr(bias_tile(s), kBM, f32, 8 * j + 2 * t + e,
+                                               thread_key0 + 8 * h2);
+            if (f32) {
+              float v;
+              asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(at));
+              x += v;
+            } else {
+              unsigned short v;
+              asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(at));
+              x += unpack2<kDt>(v).x;
+            }
+          } else if (bias != nullptr) {
+            x += bias_at<kDt>(bias, f32,
+                              bias_h + static_cast<long long>(min(q, sh.seqlen_q - 1)) * sh.seqlen_k +
+                                  min(key, sh.seqlen_k - 1));
+          }
+          float pv = fast_exp2(fmaf(x, kLog2e, -(e ? l2.y : l2.x)));
+          bool hide = !((vis >> (4 * j + 2 * h2 + e)) & 1u);
+          if (partial) hide |= !key_visible(a.mask, q, key, lens.kv_len);
+          if (hide) pv = 0.f;
+          float dp = dpt[j][2 * h2 + e];
+          if constexpr (kFeat == kDropout) {
+            // dV takes the dropped, rescaled P; dS = P (dP keep / (1 - rate) - delta).
+            const float keep = keep_word[2 * h2 + e] >= a.scores.dropout_threshold
+                                   ? a.scores.dropout_keep_scale
+                                   : 0.f;
+            dp *= keep;
+            st[j][2 * h2 + e] = pv * keep;
+          }
+          float ds = pv * (dp - (e ? d2.y : d2.x));
+          if (dbias != nullptr && q < sh.seqlen_q && key < sh.seqlen_k) {
+            float* at = dbias + static_cast<long long>(q) * sh.seqlen_k + key;
+            if (!dbias_atomic)
+              *at = ds;
+            else if (ds != 0.f)
+              atomicAdd(at, ds);
+          }
+          if (cap > 0.f) ds *= 1.f - (xc * inv_cap) * (xc * inv_cap);
+          if constexpr (kFeat != kDropout) st[j][2 * h2 + e] = pv;
+          dpt[j][2 * h2 + e] = ds;
+        }
+    }
+  };
 
   mbar_wait(ring.once(), 0);
   int it = 0;
@@ -204,31 +447,43 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         wgmma_ss<kDt, kBM>(dpt, smem_desc(v_sa + off, 0), smem_desc(do_tile(s) + qoff, 0), k > 0);
       }
       wgmma_commit();
-      wgmma_wait<1>();
-      fence_operands(st);
+      if constexpr (kFeat >= kScores) {
+        wgmma_wait<0>();
+        fence_operands(st);
+        fence_operands(dpt);
+      } else {
+        wgmma_wait<1>();
+        fence_operands(st);
+      }
 
       // P^T, masked. Fragment element (j, 2 h + e): key thread_key0 + 8 h,
       // query m0 + 8 j + 2 t + e.
       const int key0 = n0 + wg_key0;
       const bool partial = tile_is_partial(a.mask, m0, m0 + kBM - 1, key0, key0 + kWgmmaM - 1,
                                            lens.kv_len);
+      if constexpr (kFeat >= kScores) {
+        score_step(s, m0, h, partial, st, dpt);
+      } else {
+        const uint32_t vis = kFeat == kMasks ? visibility(s, m0, h) : ~0u;
 #pragma unroll
-      for (int j = 0; j < kBM / 8; ++j) {
-        float2 l2;
-        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
-                     : "=f"(l2.x), "=f"(l2.y)
-                     : "r"(lse_vec(s) + 4 * (8 * j + 2 * t)));
+        for (int j = 0; j < kBM / 8; ++j) {
+          float2 l2;
+          asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+                       : "=f"(l2.x), "=f"(l2.y)
+                       : "r"(lse_vec(s) + 4 * (8 * j + 2 * t)));
 #pragma unroll
-        for (int h2 = 0; h2 < 2; ++h2)
+          for (int h2 = 0; h2 < 2; ++h2)
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float l = e ? l2.y : l2.x;
-            float pv = fast_exp2(fmaf(st[j][2 * h2 + e], scale_log2, -l));
-            if (partial && !key_visible(a.mask, m0 + 8 * j + 2 * t + e, n0 + thread_key0 + 8 * h2,
-                                        lens.kv_len))
-              pv = 0.f;
-            st[j][2 * h2 + e] = pv;
-          }
+            for (int e = 0; e < 2; ++e) {
+              const float l = e ? l2.y : l2.x;
+              float pv = fast_exp2(fmaf(st[j][2 * h2 + e], scale_log2, -l));
+              if (partial && !key_visible(a.mask, m0 + 8 * j + 2 * t + e, n0 + thread_key0 + 8 * h2,
+                                          lens.kv_len))
+                pv = 0.f;
+              if (kFeat == kMasks && !((vis >> (4 * j + 2 * h2 + e)) & 1u)) pv = 0.f;
+              st[j][2 * h2 + e] = pv;
+            }
+        }
       }
       uint32_t pa[kBM / 16][4];
 #pragma unroll
@@ -240,24 +495,31 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                             smem_desc(do_tile(s) + acc_cb0 * col_block_bytes<kBM>() +
                                           kk * kWgmmaK * kSwizzleRowBytes, col_block_bytes<kBM>()));
       wgmma_commit();
-      wgmma_wait<1>();  // dP^T is in; dV += P^T dO may still run
-      fence_operands(dpt);
+      if constexpr (kFeat < kScores) {
+        wgmma_wait<1>();  // dP^T is in; dV += P^T dO may still run
+        fence_operands(dpt);
 
 #pragma unroll
-      for (int j = 0; j < kBM / 8; ++j) {
-        float2 d2;
-        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
-                     : "=f"(d2.x), "=f"(d2.y)
-                     : "r"(delta_vec(s) + 4 * (8 * j + 2 * t)));
+        for (int j = 0; j < kBM / 8; ++j) {
+          float2 d2;
+          asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+                       : "=f"(d2.x), "=f"(d2.y)
+                       : "r"(delta_vec(s) + 4 * (8 * j + 2 * t)));
 #pragma unroll
-        for (int h2 = 0; h2 < 2; ++h2) {
-          st[j][2 * h2] *= dpt[j][2 * h2] - d2.x;
-          st[j][2 * h2 + 1] *= dpt[j][2 * h2 + 1] - d2.y;
+          for (int h2 = 0; h2 < 2; ++h2) {
+            st[j][2 * h2] *= dpt[j][2 * h2] - d2.x;
+            st[j][2 * h2 + 1] *= dpt[j][2 * h2 + 1] - d2.y;
+          }
         }
       }
       uint32_t dsa[kBM / 16][4];
 #pragma unroll
-      for (int kk = 0; kk < kBM / 16; ++kk) acc_to_a<kDt>(dsa[kk], st[2 * kk], st[2 * kk + 1]);
+      for (int kk = 0; kk < kBM / 16; ++kk) {
+        if constexpr (kFeat >= kScores)  // score_step left dS^T in dpt
+          acc_to_a<kDt>(dsa[kk], dpt[2 * kk], dpt[2 * kk + 1]);
+        else
+          acc_to_a<kDt>(dsa[kk], st[2 * kk], st[2 * kk + 1]);
+      }
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBM / kWgmmaK; ++kk)
@@ -376,8 +638,9 @@ bool bwd_sm90_available() {
   return yes;
 }
 
-template <DType kDt, class Cfg>
-cudaError_t launch_bwd_sm90(const BwdArgs& a, cudaStream_t stream) {
+template <DType kDt, class Cfg, int kFeat = kPlain>
+cudaError_t launch_bwd_sm90(const BwdArgs& a, cudaStream_t stream,
+                            const CUtensorMap* bias_map = nullptr) {
   const ShapeArgs& s = a.shape;
   BwdSm90Args p;
   p.a = a;
@@ -388,18 +651,41 @@ cudaError_t launch_bwd_sm90(const BwdArgs& a, cudaStream_t stream) {
       !encode_bshd(&p.dk_map, a.dk, kDt, s.batch, s.seqlen_k, s.num_kv_heads, s.head_dim, kWgmmaM) ||
       !encode_bshd(&p.dv_map, a.dv, kDt, s.batch, s.seqlen_k, s.num_kv_heads, s.head_dim, kWgmmaM))
     return cudaErrorInvalidValue;
-  auto* kernel = attn_bwd_sm90_kernel<kDt, Cfg>;
+  auto* kernel = attn_bwd_sm90_kernel<kDt, Cfg, kFeat>;
+  const int smem = kFeat == kBias ? Cfg::bias_smem_bytes(a.scores.bias_f32) : Cfg::kSmemBytes;
+  if (kFeat == kBias) {
+    if (bias_map == nullptr || smem > 227 * 1024) return cudaErrorInvalidValue;
+    p.bias_map = *bias_map;
+  }
   cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid((s.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, s.num_kv_heads, s.batch);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  kernel<<<grid, Cfg::kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
 
 template <DType kDt, int kHeadDim>
 cudaError_t run_bwd_sm90(const BwdArgs& a, cudaStream_t stream) {
-  return launch_bwd_sm90<kDt, typename BwdTiles<kHeadDim>::type>(a, stream);
+  using Cfg = typename BwdTiles<kHeadDim>::type;
+  switch (feature_level(a.mask, a.scores)) {
+    case kPlain: return launch_bwd_sm90<kDt, Cfg, kPlain>(a, stream);
+    case kMasks: return launch_bwd_sm90<kDt, Cfg, kMasks>(a, stream);
+    case kDropout: return launch_bwd_sm90<kDt, Cfg, kDropout>(a, stream);
+    default: {
+      // The bias through TMA when it can be (features.cuh:
+      // encode_bias_map) and its tiles fit, else read per element.
+      using BiasCfg = typename BwdBiasTiles<kHeadDim>::type;
+      if constexpr (BiasCfg::bias_smem_bytes(false) <= 227 * 1024) {
+        CUtensorMap bias_map;
+        if (a.scores.bias != nullptr &&
+            BiasCfg::bias_smem_bytes(a.scores.bias_f32) <= 227 * 1024 &&
+            encode_bias_map(&bias_map, a.scores, a.shape, kDt, BiasCfg::kBlockM))
+          return launch_bwd_sm90<kDt, BiasCfg, kBias>(a, stream, &bias_map);
+      }
+      return launch_bwd_sm90<kDt, Cfg, kScores>(a, stream);
+    }
+  }
 }
 
 }  // namespace sm90

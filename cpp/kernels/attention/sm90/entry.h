@@ -40,6 +40,27 @@ bool for_hopper_bucket(int bucket, Run&& run) {
   }
 }
 
+// Which instance of the kernels a launch runs (features.cuh: FeatureLevel):
+// 0 plain, 1 with segment ids or the boolean mask, 2 with soft cap or bias
+// (the launcher takes 3, the TMA bias, where it can), 4 with dropout.
+inline int feature_level(const MaskArgs& m, const ScoreArgs& s) {
+  if (s.dropout_key != nullptr) return 4;
+  if (s.softcap > 0.f || s.bias != nullptr) return 2;
+  return m.q_segment_ids != nullptr || m.mask != nullptr ? 1 : 0;
+}
+// Segment ids come with their tile ranges (params.h); the kernels rely on them.
+inline bool segment_ids_usable(const MaskArgs& m) {
+  return m.q_segment_ids == nullptr ||
+         (m.kv_segment_ids != nullptr && m.segment_key_range != nullptr &&
+          m.segment_query_range != nullptr);
+}
+// The attention features the Hopper kernels implement; launches with others
+// (params.h: AttentionMask, AttentionScores) take the portable kernels.
+// Implemented: lengths, causal and window masks, segment ids (with their
+// tile ranges), the boolean mask, soft cap, bias (with dbias) and dropout.
+inline bool fwd_supports(const FwdArgs& a) { return segment_ids_usable(a.mask); }
+inline bool bwd_supports(const BwdArgs& a) { return segment_ids_usable(a.mask); }
+
 template <DType kDt, int kHeadDim>
 bool fwd_sm90_available();
 

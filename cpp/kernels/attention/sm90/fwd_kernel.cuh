@@ -6,6 +6,8 @@
 // never wait on each other, so one warpgroup's softmax runs while another's
 // GEMMs occupy the tensor cores. O is staged in the warpgroup's own (dead)
 // rows of the Q tile and written by a TMA store, which clips partial tiles.
+// Segment ids, the boolean mask, soft cap, bias and dropout run in separate
+// instances of the same kernel (kFeat, features.cuh).
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -14,6 +16,7 @@
 #include "kernels/attention/mask.cuh"
 #include "kernels/attention/mma_sm80.cuh"
 #include "kernels/attention/sm90/entry.h"
+#include "kernels/attention/sm90/features.cuh"
 #include "kernels/attention/sm90/hopper.cuh"
 #include "kernels/attention/sm90/tensor_map.h"
 #include "kernels/attention/softmax.cuh"
@@ -48,6 +51,20 @@ struct FwdConfig {
   static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
   static_assert(kHeadDim % kSwizzleCols == 0, "head dim is whole 64-column blocks");
   static_assert(kSmemBytes <= 227 * 1024, "fits the sm_90 shared-memory opt-in");
+  // Feature instances: per ring stage, the key tile's segment ids and their
+  // min and max (written by the producer warp), after the barriers.
+  static constexpr int kIdBytes = kBlockN * 4 + 16;
+  static constexpr int kIdsRel =  // from the aligned base
+      (kQBytes + kStages * kStageBytes + ring_barrier_bytes(kStages) + 15) / 16 * 16;
+  static constexpr int kFeatSmemBytes = kSwizzleAtomBytes + kIdsRel + kStages * kIdBytes;
+  static_assert(kFeatSmemBytes <= 227 * 1024, "fits the sm_90 shared-memory opt-in");
+  // kBias instances: per ring stage, the bias tile (kBlockM x kBlockN, 16-bit
+  // or float32), swizzled, after the ids.
+  static constexpr int kBiasRel =
+      (kIdsRel + kStages * kIdBytes + kSwizzleAtomBytes - 1) / kSwizzleAtomBytes * kSwizzleAtomBytes;
+  static constexpr int bias_smem_bytes(bool f32) {
+    return kSwizzleAtomBytes + kBiasRel + kStages * kBlockM * kBlockN * (f32 ? 4 : 2);
+  }
   static_assert(kProducerRegs * kWarpgroupThreads + kConsumerRegs * kConsumers *
                         kWarpgroupThreads <= 64 * 1024, "register file");
 };
@@ -61,6 +78,24 @@ template <>
 struct FwdTiles<128> { using type = FwdConfig<128, 2, 128, 3, true>; };
 template <>
 struct FwdTiles<256> { using type = FwdConfig<256, 2, 64, 2>; };
+// kScores instances: head dim 64's 160-register consumers have no room for
+// the bias loads.
+template <int kHeadDim>
+struct FwdScoreTiles : FwdTiles<kHeadDim> {};
+template <>
+struct FwdScoreTiles<64> { using type = FwdConfig<64, 2, 128, 2>; };
+// kBias instances (the bias tile rides in each ring stage): head dim 128
+// takes 64-key tiles to keep three stages.
+template <int kHeadDim>
+struct FwdBiasTiles : FwdScoreTiles<kHeadDim> {};
+template <>
+struct FwdBiasTiles<128> { using type = FwdConfig<128, 2, 64, 3, true>; };
+// kDropout instances: the keep test's Philox rounds need the registers the
+// overlapped loop holds for the next tile, so head dim 128 runs without it.
+template <int kHeadDim>
+struct FwdDropoutTiles : FwdScoreTiles<kHeadDim> {};
+template <>
+struct FwdDropoutTiles<128> { using type = FwdConfig<128, 2, 128, 2>; };
 
 struct FwdSm90Args {
   CUtensorMap q_map;  // box kBlockM rows
@@ -68,9 +103,14 @@ struct FwdSm90Args {
   CUtensorMap v_map;  // box kBlockN rows
   CUtensorMap o_map;  // box 64 rows (one consumer warpgroup)
   FwdArgs a;
+  CUtensorMap bias_map;  // kBias instances: box kBlockM rows x 128 bytes
 };
 
-template <DType kDt, class Cfg>
+// kFeat (features.cuh): kPlain, or the instances that add segment ids and
+// the boolean mask (kMasks), also soft cap and bias (kScores, kBias), and
+// also dropout (kDropout), each a run-time branch inside them. The plain
+// instance compiles none of that.
+template <DType kDt, class Cfg, int kFeat = kPlain>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     attn_fwd_sm90_kernel(const __grid_constant__ FwdSm90Args p) {
 #ifdef JAXCRAFT_SM90A_ENABLED
@@ -86,9 +126,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto k_tile = [&](int s) { return kv_sa + s * Cfg::kStageBytes; };
   auto v_tile = [&](int s) { return kv_sa + s * Cfg::kStageBytes + Cfg::kKVBytes; };
 
+  // Feature instances: stage s's key segment ids at ids_vec(s), their min
+  // and max at ids_vec(s) + 4 kBN.
+  [[maybe_unused]] const uint32_t ids_sa =
+      (kv_sa + kStages * Cfg::kStageBytes + ring_barrier_bytes(kStages) + 15) & ~15u;
+  [[maybe_unused]] auto ids_vec = [&](int s) { return ids_sa + s * Cfg::kIdBytes; };
+  // kBias: stage s's bias tile.
+  [[maybe_unused]] const int bias_tile_bytes = kBM * kBN * (a.scores.bias_f32 ? 4 : 2);
+  [[maybe_unused]] auto bias_tile = [&](int s) { return q_sa + Cfg::kBiasRel + s * bias_tile_bytes; };
+
   const int tid = threadIdx.x;
   const int wg = tid / kWarpgroupThreads;
-  if (tid == 0) ring.init(1, Cfg::kConsumers * 4);  // empty: one arrival per consumer warp
+  // full: the TMA bytes' arrival (plus, with features, one per producer
+  // lane, each after writing its ids); empty: one arrival per consumer warp.
+  if (tid == 0) ring.init(kFeat == kPlain ? 1 : 1 + kWarpSize, Cfg::kConsumers * 4);
   __syncthreads();
 
   // Highest query tiles first: under a causal mask they have the most keys.
@@ -98,33 +149,111 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const SeqLens lens = seq_lens(a.mask, sh, b);
   const int m0 = m_block * kBM;
   const int rows_valid = min(kBM, lens.q_len - m0);
+  // The key tiles [t_begin, t_end) this CTA visits, computed here, before
+  // the roles split, so that the producer loads exactly the tiles the
+  // consumers take from the ring.
   int n_lo = 0, n_hi = 0;
-  if (rows_valid > 0) key_range(a.mask, m0, m0 + rows_valid - 1, lens.kv_len, &n_lo, &n_hi);
+  if (rows_valid > 0) {
+    key_range(a.mask, m0, m0 + rows_valid - 1, lens.kv_len, &n_lo, &n_hi);
+    if constexpr (kFeat != kPlain)
+      segment_key_range(a.mask, sh, b, m0, m0 + rows_valid - 1, &n_lo, &n_hi);
+  }
   const int t_begin = max(n_lo, 0) / kBN;
   const int t_end = n_hi > n_lo ? (n_hi + kBN - 1) / kBN : t_begin;
 
   if (wg == 0) {
     setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (tid == 0) {
-      prefetch_tensor_map(&p.q_map);
-      prefetch_tensor_map(&p.k_map);
-      prefetch_tensor_map(&p.v_map);
-      mbar_arrive_expect_tx(ring.once(), Cfg::kQBytes);
+    if constexpr (kFeat == kPlain) {
+      if (tid == 0) {
+        prefetch_tensor_map(&p.q_map);
+        prefetch_tensor_map(&p.k_map);
+        prefetch_tensor_map(&p.v_map);
+        mbar_arrive_expect_tx(ring.once(), Cfg::kQBytes);
 #pragma unroll
-      for (int cb = 0; cb < kCB; ++cb)
-        tma_load_4d(q_sa + cb * col_block_bytes<kBM>(), &p.q_map, ring.once(), cb * kSwizzleCols, head,
-                    m0, b);
+        for (int cb = 0; cb < kCB; ++cb)
+          tma_load_4d(q_sa + cb * col_block_bytes<kBM>(), &p.q_map, ring.once(), cb * kSwizzleCols, head,
+                      m0, b);
+        for (int nt = t_begin, it = 0; nt < t_end; ++nt, ++it) {
+          const int s = ring.stage(it);
+          ring.wait_free(it);
+          mbar_arrive_expect_tx(ring.full(s), Cfg::kStageBytes);
+#pragma unroll
+          for (int cb = 0; cb < kCB; ++cb) {
+            tma_load_4d(k_tile(s) + cb * col_block_bytes<kBN>(), &p.k_map, ring.full(s),
+                        cb * kSwizzleCols, kv_head, nt * kBN, b);
+            tma_load_4d(v_tile(s) + cb * col_block_bytes<kBN>(), &p.v_map, ring.full(s),
+                        cb * kSwizzleCols, kv_head, nt * kBN, b);
+          }
+        }
+      }
+    } else if (tid < kWarpSize) {
+      // As above, and the whole warp copies each key tile's segment ids
+      // (keys past S read key S - 1; they are hidden by the length mask)
+      // and their range into the stage, so the consumers never wait on a
+      // global load.
+      if (tid == 0) {
+        prefetch_tensor_map(&p.q_map);
+        prefetch_tensor_map(&p.k_map);
+        prefetch_tensor_map(&p.v_map);
+        if constexpr (kFeat == kBias) prefetch_tensor_map(&p.bias_map);
+        mbar_arrive_expect_tx(ring.once(), Cfg::kQBytes);
+#pragma unroll
+        for (int cb = 0; cb < kCB; ++cb)
+          tma_load_4d(q_sa + cb * col_block_bytes<kBM>(), &p.q_map, ring.once(), cb * kSwizzleCols,
+                      head, m0, b);
+      }
+      const int32_t* kv_ids = a.mask.q_segment_ids != nullptr
+                                  ? a.mask.kv_segment_ids + int64_t(b) * sh.seqlen_k
+                                  : nullptr;
+      // The ids are loaded one tile ahead, so their latency hides behind
+      // the wait for a free stage.
+      int v[kBN / kWarpSize];
+      auto load_tile_ids = [&](int nt) {
+#pragma unroll
+        for (int k = 0; k < kBN / kWarpSize; ++k)
+          v[k] = __ldg(kv_ids + min(nt * kBN + tid + kWarpSize * k, sh.seqlen_k - 1));
+      };
+      if (kv_ids != nullptr) load_tile_ids(t_begin);
       for (int nt = t_begin, it = 0; nt < t_end; ++nt, ++it) {
         const int s = ring.stage(it);
         ring.wait_free(it);
-        mbar_arrive_expect_tx(ring.full(s), Cfg::kStageBytes);
+        if (tid == 0) {
+          mbar_arrive_expect_tx(ring.full(s),
+                                Cfg::kStageBytes + (kFeat == kBias ? bias_tile_bytes : 0));
 #pragma unroll
-        for (int cb = 0; cb < kCB; ++cb) {
-          tma_load_4d(k_tile(s) + cb * col_block_bytes<kBN>(), &p.k_map, ring.full(s),
-                      cb * kSwizzleCols, kv_head, nt * kBN, b);
-          tma_load_4d(v_tile(s) + cb * col_block_bytes<kBN>(), &p.v_map, ring.full(s),
-                      cb * kSwizzleCols, kv_head, nt * kBN, b);
+          for (int cb = 0; cb < kCB; ++cb) {
+            tma_load_4d(k_tile(s) + cb * col_block_bytes<kBN>(), &p.k_map, ring.full(s),
+                        cb * kSwizzleCols, kv_head, nt * kBN, b);
+            tma_load_4d(v_tile(s) + cb * col_block_bytes<kBN>(), &p.v_map, ring.full(s),
+                        cb * kSwizzleCols, kv_head, nt * kBN, b);
+          }
+          if constexpr (kFeat == kBias) {
+            // Rows m0.. x keys nt kBN.., in 128-byte column blocks; rows
+            // and keys past the ends read as zero (and are masked).
+            const int block_keys = a.scores.bias_f32 ? 32 : 64;
+            const int bn = a.scores.bias_stride_n ? head : 0, bb = a.scores.bias_stride_b ? b : 0;
+            for (int cb = 0; cb < kBN / block_keys; ++cb)
+              tma_load_4d(bias_tile(s) + cb * kBM * kSwizzleRowBytes, &p.bias_map, ring.full(s),
+                          nt * kBN + cb * block_keys, m0, bn, bb);
+          }
         }
+        if (kv_ids != nullptr) {
+          int lo = v[0], hi = v[0];
+#pragma unroll
+          for (int k = 0; k < kBN / kWarpSize; ++k) {
+            st_shared_b32(ids_vec(s) + 4 * (tid + kWarpSize * k), v[k]);
+            lo = min(lo, v[k]);
+            hi = max(hi, v[k]);
+          }
+          lo = warp_min(lo);
+          hi = warp_max(hi);
+          if (tid == 0) {
+            st_shared_b32(ids_vec(s) + 4 * kBN, lo);
+            st_shared_b32(ids_vec(s) + 4 * kBN + 4, hi);
+          }
+          if (nt + 1 < t_end) load_tile_ids(nt + 1);
+        }
+        mbar_arrive(ring.full(s));
       }
     }
     return;
@@ -147,7 +276,28 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // As in the portable kernel: the exponent folds the scale in and needs it
   // > 0; a zero or negative scale is applied to the raw scores instead.
   const bool prescale = scale_log2 <= 0.f;
-  const float softmax_scale = prescale ? 1.f : scale_log2;
+  // kScores and up: a soft cap or bias needs the logits themselves, so the scores
+  // become x log2(e) (x the final logit) and the exponent's scale is 1, as
+  // when prescaling.
+  bool transform = prescale;
+  if constexpr (kFeat >= kScores) transform |= a.scores.softcap > 0.f || a.scores.bias != nullptr;
+  const float softmax_scale = transform ? 1.f : scale_log2;
+
+  // Segment ids of this thread's two rows (rows past T read row T - 1:
+  // their output is dropped) and the warp's id range, held for the whole
+  // CTA; the keys' ids come through the ring (ids_vec).
+  [[maybe_unused]] int row_id[2] = {0, 0};
+  [[maybe_unused]] int row_id_lo = 0, row_id_hi = 0;
+  if constexpr (kFeat != kPlain) {
+    if (a.mask.q_segment_ids != nullptr) {
+      const int32_t* q_ids = a.mask.q_segment_ids + int64_t(b) * sh.seqlen_q;
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        row_id[h] = __ldg(q_ids + min(m0 + thread_row0 + 8 * h, sh.seqlen_q - 1));
+      row_id_lo = warp_min(min(row_id[0], row_id[1]));
+      row_id_hi = warp_max(max(row_id[0], row_id[1]));
+    }
+  }
 
   // S = Q K^T for key tile nt (ring step it) into sc, scaled and masked.
   float sc[1][kBN / 8][4];
@@ -163,10 +313,140 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     wgmma_commit();
   };
+  // Feature instances: the logit transform and the per-element masks of
+  // tile nt. Fragment element sc[0][j][2 h + e] is row m0 + thread_row0 + 8 h,
+  // key nt * kBN + 8 j + 2 t + e.
+  [[maybe_unused]] auto feature_scores = [&](int nt) {
+    const int n0 = nt * kBN;
+    const uint32_t ids = ids_vec(ring.stage(nt - t_begin));
+    int cover = kSegAllVisible;
+    if (a.mask.q_segment_ids != nullptr) {
+      int2 range;
+      asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n"
+                   : "=r"(range.x), "=r"(range.y)
+                   : "r"(ids + 4 * kBN));
+      cover = segment_cover(row_id_lo, row_id_hi, range.x, range.y);
+    }
+    if (transform) {
+      float cap = 0.f, inv_cap = 0.f;
+      const void* bias = nullptr;
+      bool f32 = false;
+      if constexpr (kFeat >= kScores) {
+        cap = a.scores.softcap;
+        inv_cap = cap > 0.f ? 1.f / cap : 0.f;
+        bias = a.scores.bias;
+        f32 = a.scores.bias_f32;
+      }
+      if constexpr (kFeat == kBias) {
+        // From the stage's tile: key pairs 8 j + 2 t + {0, 1} in one
+        // conflict-free shared load.
+        const uint32_t tile = bias_tile(ring.stage(nt - t_begin));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = thread_row0 + 8 * h;
+#pragma unroll
+          for (int j = 0; j < kBN / 8; ++j) {
+            const uint32_t at = bias_tile_addr(tile, kBM, f32, r, 8 * j + 2 * t);
+            float2 bv;
+            if (f32) {
+              asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(bv.x), "=f"(bv.y) : "r"(at));
+            } else {
+              uint32_t w;
+              asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(w) : "r"(at));
+              bv = unpack2<kDt>(w);
+            }
+            sc[0][j][2 * h] = (capped_logit(sc[0][j][2 * h], a.scale, cap, inv_cap) + bv.x) * kLog2e;
+            sc[0][j][2 * h + 1] =
+                (capped_logit(sc[0][j][2 * h + 1], a.scale, cap, inv_cap) + bv.y) * kLog2e;
+          }
+        }
+      } else if (bias != nullptr) {
+        // Key pairs 8 j + 2 t + {0, 1} in one load when aligned (keys past
+        // S read the last pair: they are hidden by the length mask).
+        const bool pairs = bias_pairs_aligned(a.scores, sh.seqlen_k);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = min(m0 + thread_row0 + 8 * h, sh.seqlen_q - 1);
+          const long long row_at = b * a.scores.bias_stride_b + head * a.scores.bias_stride_n +
+                                   static_cast<long long>(r) * sh.seqlen_k;
+#pragma unroll
+          for (int j = 0; j < kBN / 8; ++j) {
+            const int key = n0 + 8 * j + 2 * t;
+            float2 bv;
+            if (pairs) {
+              bv = bias_pair<kDt>(bias, f32, row_at + min(key, sh.seqlen_k - 2));
+            } else {
+              bv.x = bias_at<kDt>(bias, f32, row_at + min(key, sh.seqlen_k - 1));
+              bv.y = bias_at<kDt>(bias, f32, row_at + min(key + 1, sh.seqlen_k - 1));
+            }
+            sc[0][j][2 * h] = (capped_logit(sc[0][j][2 * h], a.scale, cap, inv_cap) + bv.x) * kLog2e;
+            sc[0][j][2 * h + 1] =
+                (capped_logit(sc[0][j][2 * h + 1], a.scale, cap, inv_cap) + bv.y) * kLog2e;
+          }
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kBN / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            sc[0][j][e] = capped_logit(sc[0][j][e], a.scale, cap, inv_cap) * kLog2e;
+      }
+    }
+    // Segment ids and the boolean mask as visibility bits (bit 2 j + e of
+    // vis[h]), applied in one pass. A warp whose rows share no segment with
+    // the tile (rare: tiles come from segment_key_range) takes the same
+    // path with nothing visible: an early-out there costs the overlapped
+    // loop spills. The bit loops stay rolled, so the compiler cannot hoist
+    // all their loads and shuffles at once.
+    const bool has_mask = a.mask.mask != nullptr;
+    if (cover != kSegAllVisible || has_mask) {
+      uint32_t vis[2] = {0u, 0u};
+      if (cover == kSegMixed) {
+#pragma unroll 1
+        for (int j = 0; j < kBN / 8; ++j) {
+          int2 id;
+          asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n"
+                       : "=r"(id.x), "=r"(id.y)
+                       : "r"(ids + 4 * (8 * j + 2 * t)));
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            vis[h] |= (uint32_t(id.x == row_id[h]) | uint32_t(id.y == row_id[h]) << 1) << (2 * j);
+        }
+      } else if (cover == kSegAllVisible) {
+        vis[0] = vis[1] = ~0u;
+      }
+      if (has_mask) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = min(m0 + thread_row0 + 8 * h, sh.seqlen_q - 1);
+          const uint8_t* mrow = a.mask.mask + b * a.mask.mask_stride_b +
+                                head * a.mask.mask_stride_n + static_cast<long long>(r) * sh.seqlen_k;
+          uint32_t bits = 0u;
+#pragma unroll 1
+          for (int j = 0; j < kBN / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int key = min(n0 + 8 * j + 2 * t + e, sh.seqlen_k - 1);
+              bits |= uint32_t(__ldg(mrow + key) != 0) << (2 * j + e);
+            }
+          vis[h] &= bits;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kBN / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            if (!((vis[h] >> (2 * j + e)) & 1u)) sc[0][j][2 * h + e] = -INFINITY;
+    }
+  };
   auto mask_scores = [&](int nt) {  // after the product's wgmma_wait
     fence_operands(sc[0]);
     const int n0 = nt * kBN;
-    if (prescale) {
+    if constexpr (kFeat != kPlain) {
+      feature_scores(nt);
+    } else if (prescale) {
 #pragma unroll
       for (int j = 0; j < kBN / 8; ++j)
 #pragma unroll
@@ -196,6 +476,39 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto release = [&](int it) {
     if (lane == 0) mbar_arrive(ring.empty(ring.stage(it)));
   };
+  // kDropout: zero the dropped probabilities of tile nt (after the row sums
+  // took them: the softmax is that of all keys); the epilogue scales by
+  // 1 / (1 - rate). Keys 4 j4 .. + 3 of a row share a Philox block; this
+  // thread's pair 8 j + 2 t + {0, 1} of row h is words 2 (t % 2) + {0, 1}
+  // of block (row h, (nt kBN + 8 j) / 4 + t / 2). The quad needs four
+  // blocks per j: lane t computes the one of row t % 2 and swaps halves
+  // with lane t ^ 1, which needs the same block's other words.
+  [[maybe_unused]] auto drop_probs = [&](int nt) {
+    if constexpr (kFeat == kDropout) {
+      const uint32_t key[2] = {a.scores.dropout_key[0], a.scores.dropout_key[1]};
+      const uint32_t rb = a.scores.dropout_broadcast ? 0 : b;
+      const uint32_t rn = a.scores.dropout_broadcast ? 0 : head;
+      const uint32_t thr = a.scores.dropout_threshold;
+      const bool odd = t & 1;
+      const uint32_t i = m0 + thread_row0 + 8 * odd;  // this lane's block row
+#pragma unroll
+      for (int j = 0; j < kBN / 8; ++j) {
+        const Philox4 w = dropout_block(key, rb, rn, i, (nt * kBN + 8 * j) / 4 + (t >> 1));
+        // Own words 2 (t % 2) + {0, 1} serve row t % 2; the partner's
+        // block, same words, serves the other row.
+        const uint32_t own0 = odd ? w.x[2] : w.x[0], own1 = odd ? w.x[3] : w.x[1];
+        const uint32_t give0 = odd ? w.x[0] : w.x[2], give1 = odd ? w.x[1] : w.x[3];
+        const uint32_t got0 = __shfl_xor_sync(0xffffffffu, give0, 1);
+        const uint32_t got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const bool mine = h == int(odd);
+          if ((mine ? own0 : got0) < thr) sc[0][j][2 * h] = 0.f;
+          if ((mine ? own1 : got1) < thr) sc[0][j][2 * h + 1] = 0.f;
+        }
+      }
+    }
+  };
   mbar_wait(ring.once(), 0);
   const int n_tiles = t_end - t_begin;
   if constexpr (!Cfg::kOverlap) {
@@ -206,6 +519,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       mask_scores(t_begin + it);
       float corr[1][2];
       if (online_softmax_step(sc, row_max, row_sum, corr, softmax_scale)) rescale_rows(o, corr);
+      drop_probs(t_begin + it);
       pack_probs();
       issue_pv(it);
       wgmma_wait<0>();
@@ -223,6 +537,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     mask_scores(t_begin);
     float corr[1][2];
     online_softmax_step(sc, row_max, row_sum, corr, softmax_scale);  // O is still 0
+    drop_probs(t_begin);
     pack_probs();
   }
   for (int it = 1; Cfg::kOverlap && it < n_tiles; ++it) {
@@ -233,6 +548,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     mask_scores(t_begin + it);
     float corr[1][2];
     const bool rescale = online_softmax_step(sc, row_max, row_sum, corr, softmax_scale);
+    drop_probs(t_begin + it);
     wgmma_wait<0>();
     fence_operands(o[0]);
     release(it - 1);
@@ -255,7 +571,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int r = thread_row0 + 8 * h;
     const float sum = quad_sum(row_sum[0][h]);
     const bool seen = sum > 0.f && r < rows_valid;
-    const float inv = seen ? 1.f / sum : 0.f;
+    float inv = seen ? 1.f / sum : 0.f;
+    if constexpr (kFeat == kDropout) inv *= a.scores.dropout_keep_scale;
 #pragma unroll
     for (int j = 0; j < kD / 8; ++j) {
       o[0][j][2 * h] *= inv;
@@ -294,8 +611,9 @@ bool fwd_sm90_available() {
   return yes;
 }
 
-template <DType kDt, class Cfg>
-cudaError_t launch_fwd_sm90(const FwdArgs& a, cudaStream_t stream) {
+template <DType kDt, class Cfg, int kFeat = kPlain>
+cudaError_t launch_fwd_sm90(const FwdArgs& a, cudaStream_t stream,
+                            const CUtensorMap* bias_map = nullptr) {
   const ShapeArgs& s = a.shape;
   FwdSm90Args p;
   p.a = a;
@@ -304,18 +622,42 @@ cudaError_t launch_fwd_sm90(const FwdArgs& a, cudaStream_t stream) {
       !encode_bshd(&p.v_map, a.v, kDt, s.batch, s.seqlen_k, s.num_kv_heads, s.head_dim, Cfg::kBlockN) ||
       !encode_bshd(&p.o_map, a.o, kDt, s.batch, s.seqlen_q, s.num_heads, s.head_dim, kWgmmaM))
     return cudaErrorInvalidValue;
-  auto* kernel = attn_fwd_sm90_kernel<kDt, Cfg>;
+  auto* kernel = attn_fwd_sm90_kernel<kDt, Cfg, kFeat>;
+  const int smem = kFeat == kPlain  ? Cfg::kSmemBytes
+                   : kFeat == kBias ? Cfg::bias_smem_bytes(a.scores.bias_f32)
+                                    : Cfg::kFeatSmemBytes;
+  if (kFeat == kBias) {
+    if (bias_map == nullptr || smem > 227 * 1024) return cudaErrorInvalidValue;
+    p.bias_map = *bias_map;
+  }
   cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid((s.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, s.num_heads, s.batch);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  kernel<<<grid, Cfg::kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
 
 template <DType kDt, int kHeadDim>
 cudaError_t run_fwd_sm90(const FwdArgs& a, cudaStream_t stream) {
-  return launch_fwd_sm90<kDt, typename FwdTiles<kHeadDim>::type>(a, stream);
+  using Cfg = typename FwdTiles<kHeadDim>::type;
+  switch (feature_level(a.mask, a.scores)) {
+    case kPlain: return launch_fwd_sm90<kDt, Cfg, kPlain>(a, stream);
+    case kMasks: return launch_fwd_sm90<kDt, Cfg, kMasks>(a, stream);
+    case kDropout:
+      return launch_fwd_sm90<kDt, typename FwdDropoutTiles<kHeadDim>::type, kDropout>(a, stream);
+    default: {
+      // The bias through TMA when it can be (features.cuh:
+      // encode_bias_map) and its tiles fit, else read per element.
+      using BiasCfg = typename FwdBiasTiles<kHeadDim>::type;
+      CUtensorMap bias_map;
+      if (a.scores.bias != nullptr &&
+          BiasCfg::bias_smem_bytes(a.scores.bias_f32) <= 227 * 1024 &&
+          encode_bias_map(&bias_map, a.scores, a.shape, kDt, BiasCfg::kBlockM))
+        return launch_fwd_sm90<kDt, BiasCfg, kBias>(a, stream, &bias_map);
+      return launch_fwd_sm90<kDt, typename FwdScoreTiles<kHeadDim>::type, kScores>(a, stream);
+    }
+  }
 }
 
 }  // namespace sm90
