@@ -8,12 +8,19 @@
 //   C: (fast path) dQ += dS.K, added to fp32 dq_accum with atomics.
 // The three phases partition the warps differently, which is why P^T and
 // dS^T go through shared memory rather than staying in registers.
+// Per-element features (score_tile.cuh: FeatLevel) are separate instances:
+// segment ids and the boolean mask hide elements of P^T; with a soft cap,
+// bias or dropout, P^T = exp(x - lse) of the logits x = cap(scale * s) +
+// bias, P^T goes to phase B with the dropout mask and 1 / (1 - rate) applied,
+// dS^T = P^T * (dP^T * keep / (1 - rate) - delta) is added to dbias, and
+// phases B and C take dS^T times the soft cap's derivative.
 #pragma once
 #include <cuda_runtime.h>
 
 #include "kernels/attention/kernel_args.h"
 #include "kernels/attention/mask.cuh"
 #include "kernels/attention/mma_sm80.cuh"
+#include "kernels/attention/score_tile.cuh"
 #include "kernels/attention/smem_tile.cuh"
 #include "kernels/attention/softmax.cuh"
 #include "kernels/attention/tile_config.h"
@@ -90,7 +97,7 @@ __device__ __forceinline__ void add_pair(float* p, float x, float y) {
 #endif
 }
 
-template <DType kDt, class Sh>
+template <DType kDt, class Sh, int kLevel = kFeatPlain>
 __global__ void __launch_bounds__(Sh::kThreads, Sh::kMinBlocksPerSm)
     attn_bwd_dkdv_kernel(const BwdArgs a) {
   constexpr int kHeadDim = Sh::kHeadDim;
@@ -123,7 +130,12 @@ __global__ void __launch_bounds__(Sh::kThreads, Sh::kMinBlocksPerSm)
       ((int64_t(b) * sh.seqlen_k + n0) * sh.num_kv_heads + kv_head) * sh.head_dim;
 
   int q_lo = 0, q_hi = 0;
-  if (keys_valid > 0) query_range(a.mask, n0, n0 + keys_valid - 1, lens.q_len, &q_lo, &q_hi);
+  if (keys_valid > 0) {
+    query_range(a.mask, n0, n0 + keys_valid - 1, lens.q_len, &q_lo, &q_hi);
+    // Packed documents: only the query tiles that share a segment with these keys.
+    if constexpr (kLevel != kFeatPlain)
+      segment_query_range(a.mask, sh, b, n0, n0 + keys_valid - 1, &q_lo, &q_hi);
+  }
   const int qt_begin = max(q_lo, 0) / kBM;
   const int q_tiles = q_hi > q_lo ? (q_hi + kBM - 1) / kBM - qt_begin : 0;
   const int total = group * q_tiles;
@@ -171,6 +183,24 @@ __global__ void __launch_bounds__(Sh::kThreads, Sh::kMinBlocksPerSm)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.f;
   const float scale_log2 = a.scale * kLog2e;
+
+  // Features (kLevel > 0): segment ids of this thread's two keys (phase A
+  // rows), whether dbias needs atomics, 1 / softcap.
+  [[maybe_unused]] int k_seg[2] = {0, 0};
+  [[maybe_unused]] bool dbias_atomic = false;
+  [[maybe_unused]] float inv_cap = 0.f;
+  if constexpr (kLevel != kFeatPlain) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int key = n0 + key_r0 + g + 8 * h;
+      if (a.mask.q_segment_ids != nullptr && key < lens.kv_len)
+        k_seg[h] = a.mask.kv_segment_ids[int64_t(b) * sh.seqlen_k + key];
+    }
+  }
+  if constexpr (kLevel == kFeatScores) {
+    dbias_atomic = dbias_needs_atomics(a.scores, sh);
+    inv_cap = a.scores.softcap > 0.f ? 1.f / a.scores.softcap : 0.f;
+  }
 
   for (int it = 0; it < total; ++it) {
     int stage = 0;
@@ -228,7 +258,10 @@ __global__ void __launch_bounds__(Sh::kThreads, Sh::kMinBlocksPerSm)
         }
         if constexpr (!Sh::kSplitScores) dp_step(ks);
       }
+      // With per-element features every tile is masked per element, so
+      // the intervals also keep the loads below inside [0, q_len).
       const bool partial =
+          kLevel != kFeatPlain ||
           tile_is_partial(a.mask, m0, m0 + kBM - 1, n0, n0 + kBN - 1, lens.kv_len);
       // Each of the thread's two keys is seen by one interval of query rows
       // (tile-local here), so masking is two compares per score.
@@ -243,7 +276,33 @@ __global__ void __launch_bounds__(Sh::kThreads, Sh::kMinBlocksPerSm)
           q_hi[h] -= m0;
         }
       }
+      // Element offsets of (b, head) in the mask and bias.
+      [[maybe_unused]] const uint8_t* mask_bn = nullptr;
+      [[maybe_unused]] int64_t bias_bn = 0;
+      if constexpr (kLevel != kFeatPlain)
+        if (a.mask.mask != nullptr)
+          mask_bn = a.mask.mask + b * a.mask.mask_stride_b + head * a.mask.mask_stride_n;
+      if constexpr (kLevel == kFeatScores)
+        bias_bn = b * a.scores.bias_stride_b + head * a.scores.bias_stride_n;
+      // Whether element e of key tile j (key half e / 2, query qc + e % 2) is
+      // visible: interval, segment ids, mask.
+      auto element_vis = [&](int j, int e) {
+        const int q_local = qc0 + j * kMmaN + 2 * t + (e % 2);
+        bool v = q_local >= q_lo[e / 2] && q_local < q_hi[e / 2];
+        if constexpr (kLevel != kFeatPlain) {
+          const int64_t q = m0 + q_local, key = n0 + key_r0 + g + 8 * (e / 2);
+          if (a.mask.q_segment_ids != nullptr && v)
+            v = a.mask.q_segment_ids[int64_t(b) * sh.seqlen_q + q] == k_seg[e / 2];
+          if (mask_bn != nullptr && v) v = mask_bn[q * sh.seqlen_k + key] != 0;
+        }
+        return v;
+      };
       uint32_t p_pk[kATiles][2];
+      // kFeatScores: soft cap derivative (16-bit pairs like P^T) and the
+      // dropout keep bits (4 per key tile) carried from P^T to dS^T.
+      [[maybe_unused]] uint32_t g_pk[kLevel == kFeatScores ? kATiles : 1][2];
+      [[maybe_unused]] uint32_t keep_bits = 0xffffffffu;
+      static_assert(kATiles * 4 <= 32, "keep bits fit one register");
       // dS^T = P^T * (dP^T - delta) for key tile j, from the 16-bit P^T.
       auto store_ds = [&](int j) {
         const int qc = qc0 + j * kMmaN + 2 * t;
@@ -251,25 +310,95 @@ __global__ void __launch_bounds__(Sh::kThreads, Sh::kMinBlocksPerSm)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const float2 p = unpack2<kDt>(p_pk[j][h]);
+          float ds0, ds1;
+          if constexpr (kLevel == kFeatScores) {
+            const ScoreArgs& sc = a.scores;
+            float dp0 = dp[j][2 * h], dp1 = dp[j][2 * h + 1];
+            if (sc.dropout_key != nullptr) {
+              const uint32_t keep = keep_bits >> (4 * j + 2 * h);
+              dp0 = keep & 1u ? dp0 * sc.dropout_keep_scale : 0.f;
+              dp1 = keep & 2u ? dp1 * sc.dropout_keep_scale : 0.f;
+            }
+            ds0 = p.x * (dp0 - d0);
+            ds1 = p.y * (dp1 - d1);
+            if (a.dbias != nullptr) {
+              // Hidden elements have P = 0: their dS is 0 and dbias already is.
+              const int64_t at = bias_bn + int64_t(m0 + qc) * sh.seqlen_k + n0 + key_r0 + g + 8 * h;
+              if (dbias_atomic) {
+                if (p.x != 0.f) atomicAdd(a.dbias + at, ds0);
+                if (p.y != 0.f) atomicAdd(a.dbias + at + sh.seqlen_k, ds1);
+              } else {
+                if (p.x != 0.f) a.dbias[at] = ds0;
+                if (p.y != 0.f) a.dbias[at + sh.seqlen_k] = ds1;
+              }
+            }
+            if (sc.softcap > 0.f) {
+              const float2 gr = unpack2<kDt>(g_pk[j][h]);
+              ds0 *= gr.x;
+              ds1 *= gr.y;
+            }
+          } else {
+            ds0 = p.x * (dp[j][2 * h] - d0);
+            ds1 = p.y * (dp[j][2 * h + 1] - d1);
+          }
           *reinterpret_cast<uint32_t*>(ds_tile + (key_r0 + g + 8 * h) * kPStride + qc) =
-              pack2<kDt>(p.x * (dp[j][2 * h] - d0), p.y * (dp[j][2 * h + 1] - d1));
+              pack2<kDt>(ds0, ds1);
         }
       };
 #pragma unroll
       for (int j = 0; j < kATiles; ++j) {
         const int qc = qc0 + j * kMmaN + 2 * t;
         float p[4];
+        if constexpr (kLevel == kFeatScores) {
+          const ScoreArgs& sc = a.scores;
+          if (sc.dropout_key != nullptr) {
+            const uint32_t keep = dropout_bits_keys(sc, b, head, m0 + qc, n0 + key_r0, g);
+            keep_bits = (keep_bits & ~(0xfu << (4 * j))) | keep << (4 * j);
+          }
+          float gr[4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int q_local = qc + (e % 2);
-          float x = s[j][e] * scale_log2;
-          if (q_local < q_lo[e / 2] || q_local >= q_hi[e / 2]) x = -INFINITY;
-          p[e] = fast_exp2(x - lse2[q_local]);
+          for (int e = 0; e < 4; ++e) {
+            const int q_local = qc + (e % 2);
+            const bool vis = element_vis(j, e);
+            float x = s[j][e] * a.scale;
+            gr[e] = 1.f;
+            if (sc.softcap > 0.f) {
+              x = soft_cap_fast(x, sc.softcap, inv_cap);
+              gr[e] = soft_cap_grad(x, sc.softcap);
+            }
+            if (sc.bias != nullptr && vis)
+              x += load_bias<kDt>(sc, sh, b, head, m0 + q_local, n0 + key_r0 + g + 8 * (e / 2));
+            p[e] = vis ? fast_exp2(fmaf(x, kLog2e, -lse2[q_local])) : 0.f;
+          }
+          p_pk[j][0] = pack2<kDt>(p[0], p[1]);
+          p_pk[j][1] = pack2<kDt>(p[2], p[3]);
+          g_pk[j][0] = pack2<kDt>(gr[0], gr[1]);
+          g_pk[j][1] = pack2<kDt>(gr[2], gr[3]);
+          uint32_t pv[2] = {p_pk[j][0], p_pk[j][1]};
+          if (sc.dropout_key != nullptr) {
+            // P^T for dV: the dropout mask and 1 / (1 - rate) applied.
+            const uint32_t keep = keep_bits >> (4 * j);
+            const float ks = sc.dropout_keep_scale;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) p[e] = (keep >> e) & 1u ? p[e] * ks : 0.f;
+            pv[0] = pack2<kDt>(p[0], p[1]);
+            pv[1] = pack2<kDt>(p[2], p[3]);
+          }
+          *reinterpret_cast<uint32_t*>(p_tile + (key_r0 + g) * kPStride + qc) = pv[0];
+          *reinterpret_cast<uint32_t*>(p_tile + (key_r0 + g + 8) * kPStride + qc) = pv[1];
+        } else {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int q_local = qc + (e % 2);
+            float x = s[j][e] * scale_log2;
+            if (!element_vis(j, e)) x = -INFINITY;
+            p[e] = fast_exp2(x - lse2[q_local]);
+          }
+          p_pk[j][0] = pack2<kDt>(p[0], p[1]);
+          p_pk[j][1] = pack2<kDt>(p[2], p[3]);
+          *reinterpret_cast<uint32_t*>(p_tile + (key_r0 + g) * kPStride + qc) = p_pk[j][0];
+          *reinterpret_cast<uint32_t*>(p_tile + (key_r0 + g + 8) * kPStride + qc) = p_pk[j][1];
         }
-        p_pk[j][0] = pack2<kDt>(p[0], p[1]);
-        p_pk[j][1] = pack2<kDt>(p[2], p[3]);
-        *reinterpret_cast<uint32_t*>(p_tile + (key_r0 + g) * kPStride + qc) = p_pk[j][0];
-        *reinterpret_cast<uint32_t*>(p_tile + (key_r0 + g + 8) * kPStride + qc) = p_pk[j][1];
         if constexpr (!Sh::kSplitScores) store_ds(j);
       }
       if constexpr (Sh::kSplitScores) {
@@ -353,9 +482,9 @@ __global__ void __launch_bounds__(Sh::kThreads, Sh::kMinBlocksPerSm)
                                       keys_out, keys_valid, sh.head_dim, tid);
 }
 
-template <DType kDt, class Sh>
+template <DType kDt, class Sh, int kLevel = kFeatPlain>
 cudaError_t launch_dkdv_shape(const BwdArgs& a, cudaStream_t stream) {
-  auto* kernel = attn_bwd_dkdv_kernel<kDt, Sh>;
+  auto* kernel = attn_bwd_dkdv_kernel<kDt, Sh, kLevel>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          Sh::kSmemBytes);
   if (err != cudaSuccess) return err;
@@ -367,7 +496,9 @@ cudaError_t launch_dkdv_shape(const BwdArgs& a, cudaStream_t stream) {
 
 template <DType kDt, int kHeadDim>
 cudaError_t run_bwd_dkdv(const BwdArgs& a, cudaStream_t stream) {
-  return launch_dkdv_shape<kDt, DkdvShape<kHeadDim>>(a, stream);
+  return dispatch_feat_level(a.mask, a.scores, [&](auto level) {
+    return launch_dkdv_shape<kDt, DkdvShape<kHeadDim>, decltype(level)::value>(a, stream);
+  });
 }
 
 }  // namespace attn

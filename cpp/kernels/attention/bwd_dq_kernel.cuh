@@ -2,12 +2,17 @@
 // key tiles in a fixed order, recomputing P = exp(scale * Q.K^T - lse) and
 // dS = P * (dO.V^T - delta) in registers, and accumulates dQ = scale * dS.K
 // without atomics. K/V tiles are double-buffered when shared memory allows.
+// Per-element features (score_tile.cuh: FeatLevel) are separate instances
+// that recompute the forward's P (segment ids, mask, soft cap, bias) and the
+// dK/dV kernel's dS (dropout, soft cap derivative); dbias is left to that
+// kernel.
 #pragma once
 #include <cuda_runtime.h>
 
 #include "kernels/attention/kernel_args.h"
 #include "kernels/attention/mask.cuh"
 #include "kernels/attention/mma_sm80.cuh"
+#include "kernels/attention/score_tile.cuh"
 #include "kernels/attention/smem_tile.cuh"
 #include "kernels/attention/softmax.cuh"
 #include "kernels/attention/tile_config.h"
@@ -33,7 +38,7 @@ struct DqShape {
   static_assert(kStages == 1 || kStages == 2, "K/V single or double buffered");
 };
 
-template <DType kDt, int kHeadDim>
+template <DType kDt, int kHeadDim, int kLevel = kFeatPlain>
 __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads) attn_bwd_dq_kernel(const BwdArgs a) {
   using Sh = DqShape<kHeadDim>;
   using Elem = typename ElemOf<kDt>::type;
@@ -64,7 +69,12 @@ __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads) attn_bwd_dq_kerne
   const int rows_valid = min(kBM, lens.q_len - m0);
 
   int n_lo = 0, n_hi = 0;
-  if (rows_valid > 0) key_range(a.mask, m0, m0 + rows_valid - 1, lens.kv_len, &n_lo, &n_hi);
+  if (rows_valid > 0) {
+    key_range(a.mask, m0, m0 + rows_valid - 1, lens.kv_len, &n_lo, &n_hi);
+    // Packed documents: only the key tiles that share a segment with these rows.
+    if constexpr (kLevel != kFeatPlain)
+      segment_key_range(a.mask, sh, b, m0, m0 + rows_valid - 1, &n_lo, &n_hi);
+  }
   const int t_begin = max(n_lo, 0) / kBN;
   const int t_end = n_hi > n_lo ? (n_hi + kBN - 1) / kBN : t_begin;
 
@@ -104,6 +114,29 @@ __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads) attn_bwd_dq_kerne
 #pragma unroll
     for (int e = 0; e < 4; ++e) dq[j][e] = 0.f;
   const float scale_log2 = a.scale * kLog2e;
+
+  // Features (kLevel > 0): per row (h), its segment id and the offsets of
+  // its mask and bias rows (rows past q_len see no key and read nothing).
+  [[maybe_unused]] int q_seg[2] = {0, 0};
+  [[maybe_unused]] const uint8_t* mask_bn = nullptr;
+  [[maybe_unused]] int64_t bias_bn = 0;
+  [[maybe_unused]] bool bias_pair = false;
+  [[maybe_unused]] float inv_cap = 0.f;
+  if constexpr (kLevel != kFeatPlain) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int i = m0 + warp_row0 + g + 8 * h;
+      if (a.mask.q_segment_ids != nullptr && i < lens.q_len)
+        q_seg[h] = a.mask.q_segment_ids[int64_t(b) * sh.seqlen_q + i];
+    }
+    if (a.mask.mask != nullptr)
+      mask_bn = a.mask.mask + b * a.mask.mask_stride_b + head * a.mask.mask_stride_n;
+  }
+  if constexpr (kLevel == kFeatScores) {
+    bias_bn = b * a.scores.bias_stride_b + head * a.scores.bias_stride_n;
+    bias_pair = a.scores.bias != nullptr && bias_pairs_ok(a.scores, sh.seqlen_k);
+    inv_cap = a.scores.softcap > 0.f ? 1.f / a.scores.softcap : 0.f;
+  }
 
   for (int nt = t_begin; nt < t_end; ++nt) {
     const int n0 = nt * kBN;
@@ -145,20 +178,86 @@ __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads) attn_bwd_dq_kerne
       }
     }
 
-    const bool partial =
-        tile_is_partial(a.mask, m0, m0 + kBM - 1, n0, n0 + kBN - 1, lens.kv_len);
+    if constexpr (kLevel == kFeatPlain) {
+      const bool partial =
+          tile_is_partial(a.mask, m0, m0 + kBM - 1, n0, n0 + kBN - 1, lens.kv_len);
 #pragma unroll
-    for (int j = 0; j < Sh::kKeyTiles; ++j)
+      for (int j = 0; j < Sh::kKeyTiles; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e / 2;
-        float x = s[j][e] * scale_log2;
-        if (partial && !key_visible(a.mask, m0 + warp_row0 + g + 8 * h,
-                                    n0 + j * kMmaN + 2 * t + (e % 2), lens.kv_len))
-          x = -INFINITY;
-        const float p = fast_exp2(x - lse2[h]);
-        s[j][e] = p * (dp[j][e] - dlt[h]);  // s now holds dS
+        for (int e = 0; e < 4; ++e) {
+          const int h = e / 2;
+          float x = s[j][e] * scale_log2;
+          if (partial && !key_visible(a.mask, m0 + warp_row0 + g + 8 * h,
+                                      n0 + j * kMmaN + 2 * t + (e % 2), lens.kv_len))
+            x = -INFINITY;
+          const float p = fast_exp2(x - lse2[h]);
+          s[j][e] = p * (dp[j][e] - dlt[h]);  // s now holds dS
+        }
+    } else {
+      // Every tile is masked per element: the interval masks, rows past
+      // q_len, segment ids and the boolean mask; at kFeatScores the logits
+      // x = cap(scale * s) + bias, dropout on dP and the soft cap's
+      // derivative on dS.
+      const MaskArgs& mk = a.mask;
+      const ScoreArgs& sc = a.scores;
+#pragma unroll
+      for (int j = 0; j < Sh::kKeyTiles; ++j) {
+        const int c0 = n0 + j * kMmaN + 2 * t;
+        int kv_seg[2] = {0, 0};
+        if (mk.q_segment_ids != nullptr) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            if (c0 + e < lens.kv_len) kv_seg[e] = mk.kv_segment_ids[int64_t(b) * sh.seqlen_k + c0 + e];
+        }
+        [[maybe_unused]] uint32_t keep = 0xfu;
+        if constexpr (kLevel == kFeatScores)
+          if (sc.dropout_key != nullptr) {
+            const int r0 = m0 + warp_row0 + g;
+            keep = dropout_bits_rows(sc, b, head, r0, r0 + 8, c0, t);
+          }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int i = m0 + warp_row0 + g + 8 * h;
+          const int64_t row_at = int64_t(i) * sh.seqlen_k;
+          bool vis[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            bool v = i < lens.q_len && key_visible(mk, i, c0 + e, lens.kv_len);
+            if (mk.q_segment_ids != nullptr) v = v && kv_seg[e] == q_seg[h];
+            if (mask_bn != nullptr && v) v = mask_bn[row_at + c0 + e] != 0;
+            vis[e] = v;
+          }
+          if constexpr (kLevel == kFeatMasks) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float x = s[j][2 * h + e] * scale_log2;
+              if (!vis[e]) x = -INFINITY;
+              const float p = fast_exp2(x - lse2[h]);
+              s[j][2 * h + e] = p * (dp[j][2 * h + e] - dlt[h]);
+            }
+          } else {
+            float2 bv = make_float2(0.f, 0.f);
+            if (sc.bias != nullptr)
+              bv = load_bias_pair<kDt>(sc, bias_bn + row_at + c0, bias_pair, vis[0], vis[1]);
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float x = s[j][2 * h + e] * a.scale;
+              float grad = 1.f;
+              if (sc.softcap > 0.f) {
+                x = soft_cap_fast(x, sc.softcap, inv_cap);
+                grad = soft_cap_grad(x, sc.softcap);
+              }
+              x += e ? bv.y : bv.x;
+              const float p = vis[e] ? fast_exp2(fmaf(x, kLog2e, -lse2[h])) : 0.f;
+              float dpv = dp[j][2 * h + e];
+              if (sc.dropout_key != nullptr)
+                dpv = (keep >> (2 * h + e)) & 1u ? dpv * sc.dropout_keep_scale : 0.f;
+              s[j][2 * h + e] = p * (dpv - dlt[h]) * grad;
+            }
+          }
+        }
       }
+    }
 
 #pragma unroll
     for (int kk = 0; kk < Sh::kKeyTiles / 2; ++kk) {
@@ -183,10 +282,10 @@ __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads) attn_bwd_dq_kerne
                                       rows_out, rows_valid, sh.head_dim, tid);
 }
 
-template <DType kDt, int kHeadDim>
-cudaError_t run_bwd_dq(const BwdArgs& a, cudaStream_t stream) {
+template <DType kDt, int kHeadDim, int kLevel>
+cudaError_t launch_dq_level(const BwdArgs& a, cudaStream_t stream) {
   using Sh = DqShape<kHeadDim>;
-  auto* kernel = attn_bwd_dq_kernel<kDt, kHeadDim>;
+  auto* kernel = attn_bwd_dq_kernel<kDt, kHeadDim, kLevel>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          Sh::kSmemBytes);
   if (err != cudaSuccess) return err;
@@ -194,6 +293,13 @@ cudaError_t run_bwd_dq(const BwdArgs& a, cudaStream_t stream) {
                   a.shape.batch);
   kernel<<<grid, Sh::kThreads, Sh::kSmemBytes, stream>>>(a);
   return cudaGetLastError();
+}
+
+template <DType kDt, int kHeadDim>
+cudaError_t run_bwd_dq(const BwdArgs& a, cudaStream_t stream) {
+  return dispatch_feat_level(a.mask, a.scores, [&](auto level) {
+    return launch_dq_level<kDt, kHeadDim, decltype(level)::value>(a, stream);
+  });
 }
 
 }  // namespace attn

@@ -1,13 +1,16 @@
 // FlashAttention-2 forward: one CTA per (query tile, head, batch). Q stays in
 // shared memory (or registers); K and V tiles stream through one buffer each,
 // with the next K load in flight during softmax and P.V, and the V load in
-// flight during Q.K^T.
+// flight during Q.K^T. Per-element features (segment ids, boolean mask,
+// soft cap, bias, dropout) live in separate instances (score_tile.cuh:
+// FeatLevel), so the plain one compiles as if they did not exist.
 #pragma once
 #include <cuda_runtime.h>
 
 #include "kernels/attention/kernel_args.h"
 #include "kernels/attention/mask.cuh"
 #include "kernels/attention/mma_sm80.cuh"
+#include "kernels/attention/score_tile.cuh"
 #include "kernels/attention/smem_tile.cuh"
 #include "kernels/attention/softmax.cuh"
 #include "kernels/attention/tile_config.h"
@@ -41,7 +44,7 @@ struct FwdShape {
   static_assert(kBlockN % (2 * kMmaN) == 0, "key tiles are loaded in pairs");
 };
 
-template <DType kDt, class Sh>
+template <DType kDt, class Sh, int kLevel = kFeatPlain>
 __global__ void __launch_bounds__(Sh::kThreads) attn_fwd_kernel(const FwdArgs a) {
   constexpr int kHeadDim = Sh::kHeadDim;
   using Elem = typename ElemOf<kDt>::type;
@@ -76,7 +79,12 @@ __global__ void __launch_bounds__(Sh::kThreads) attn_fwd_kernel(const FwdArgs a)
   const int rows_valid = min(kBM, lens.q_len - m0);
 
   int n_lo = 0, n_hi = 0;
-  if (rows_valid > 0) key_range(a.mask, m0, m0 + rows_valid - 1, lens.kv_len, &n_lo, &n_hi);
+  if (rows_valid > 0) {
+    key_range(a.mask, m0, m0 + rows_valid - 1, lens.kv_len, &n_lo, &n_hi);
+    // Packed documents: only the key tiles that share a segment with these rows.
+    if constexpr (kLevel != kFeatPlain)
+      segment_key_range(a.mask, sh, b, m0, m0 + rows_valid - 1, &n_lo, &n_hi);
+  }
   const int t_begin = max(n_lo, 0) / kBN;
   const int t_end = n_hi > n_lo ? (n_hi + kBN - 1) / kBN : t_begin;
 
@@ -121,6 +129,104 @@ __global__ void __launch_bounds__(Sh::kThreads) attn_fwd_kernel(const FwdArgs a)
   const bool prescale = scale_log2 <= 0.f;
   const float softmax_scale = prescale ? 1.f : scale_log2;
 
+  // Features (kLevel > 0): segment id of each of this thread's rows (rows
+  // past q_len see no key and never read it), the (b, head) offsets of the
+  // mask and bias, and whether bias pairs can be read as one load.
+  [[maybe_unused]] int q_seg[kMT][2];
+  [[maybe_unused]] const uint8_t* mask_bn = nullptr;
+  [[maybe_unused]] int64_t bias_bn = 0;
+  [[maybe_unused]] bool bias_pair = false;
+  [[maybe_unused]] float inv_cap = 0.f;
+  if constexpr (kLevel != kFeatPlain) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int i = m0 + warp_row0 + mt * kMmaM + g + 8 * h;
+        q_seg[mt][h] = a.mask.q_segment_ids != nullptr && i < lens.q_len
+                           ? a.mask.q_segment_ids[int64_t(b) * sh.seqlen_q + i]
+                           : 0;
+      }
+    if (a.mask.mask != nullptr)
+      mask_bn = a.mask.mask + b * a.mask.mask_stride_b + head * a.mask.mask_stride_n;
+  }
+  if constexpr (kLevel == kFeatScores) {
+    bias_bn = b * a.scores.bias_stride_b + head * a.scores.bias_stride_n;
+    bias_pair = a.scores.bias != nullptr && bias_pairs_ok(a.scores, sh.seqlen_k);
+    inv_cap = a.scores.softcap > 0.f ? 1.f / a.scores.softcap : 0.f;
+  }
+
+  // Per-element masking of a score tile (kLevel > 0): the interval masks,
+  // rows past q_len, segment ids and the boolean mask; at kFeatScores the
+  // scores also become logits x = cap(scale * s) + bias (the softmax then
+  // runs with scale log2(e)), and at kFeatMasks a non-positive scale is
+  // applied first as in the plain path.
+  [[maybe_unused]] auto feature_scores = [&](float(&s)[kMT][Sh::kKeyTiles][4], int n0) {
+    const MaskArgs& mk = a.mask;
+    const ScoreArgs& sc = a.scores;
+    if constexpr (kLevel == kFeatMasks) {
+      if (prescale) {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+          for (int j = 0; j < Sh::kKeyTiles; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[mt][j][e] *= scale_log2;
+      }
+    }
+    // Key segment ids of this thread's columns, read once for all its rows.
+    int kv_seg[Sh::kKeyTiles][2];
+#pragma unroll
+    for (int j = 0; j < Sh::kKeyTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int c = n0 + j * kMmaN + 2 * t + e;
+        kv_seg[j][e] = mk.q_segment_ids != nullptr && c < lens.kv_len
+                           ? mk.kv_segment_ids[int64_t(b) * sh.seqlen_k + c]
+                           : 0;
+      }
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int i = m0 + warp_row0 + mt * kMmaM + g + 8 * h;
+        int lo, hi;
+        key_range(mk, i, i, lens.kv_len, &lo, &hi);
+        if (i >= lens.q_len) hi = lo;
+        const int64_t row_at = int64_t(i) * sh.seqlen_k;
+#pragma unroll
+        for (int j = 0; j < Sh::kKeyTiles; ++j) {
+          const int c0 = n0 + j * kMmaN + 2 * t;
+          bool vis[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            bool v = c0 + e >= lo && c0 + e < hi;
+            if (mk.q_segment_ids != nullptr) v = v && kv_seg[j][e] == q_seg[mt][h];
+            if (mask_bn != nullptr && v) v = mask_bn[row_at + c0 + e] != 0;
+            vis[e] = v;
+          }
+          float* x = s[mt][j] + 2 * h;
+          if constexpr (kLevel == kFeatMasks) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              if (!vis[e]) x[e] = -INFINITY;
+          } else {
+            float2 bv = make_float2(0.f, 0.f);
+            if (sc.bias != nullptr)
+              bv = load_bias_pair<kDt>(sc, bias_bn + row_at + c0, bias_pair, vis[0], vis[1]);
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float v = x[e] * a.scale;
+              if (sc.softcap > 0.f) v = soft_cap_fast(v, sc.softcap, inv_cap);
+              v += e ? bv.y : bv.x;
+              x[e] = vis[e] ? v : -INFINITY;
+            }
+          }
+        }
+      }
+    }
+  };
+
   for (int nt = t_begin; nt < t_end; ++nt) {
     const int n0 = nt * kBN;
     __syncthreads();  // every warp is done reading V of the previous tile
@@ -163,22 +269,46 @@ __global__ void __launch_bounds__(Sh::kThreads) attn_fwd_kernel(const FwdArgs a)
     if (nt + 1 < t_end) load_kv(k_sa, k, a.k, nt + 1);
     cp_async_commit();
 
-    const bool partial =
-        tile_is_partial(a.mask, m0, m0 + kBM - 1, n0, n0 + kBN - 1, lens.kv_len);
-    if (prescale) {
+    if constexpr (kLevel == kFeatPlain) {
+      const bool partial =
+          tile_is_partial(a.mask, m0, m0 + kBM - 1, n0, n0 + kBN - 1, lens.kv_len);
+      if (prescale) {
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
+        for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-        for (int j = 0; j < Sh::kKeyTiles; ++j)
+          for (int j = 0; j < Sh::kKeyTiles; ++j)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[mt][j][e] *= scale_log2;
+            for (int e = 0; e < 4; ++e) s[mt][j][e] *= scale_log2;
+      }
+      if (partial) {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+          mask_slab(s[mt], a.mask, m0 + warp_row0 + mt * kMmaM + g, n0, t, lens.kv_len);
+      }
+    } else {
+      feature_scores(s, n0);
     }
-    if (partial) {
+    online_softmax(s, acc, row_max, row_sum,
+                   kLevel == kFeatScores ? kLog2e : softmax_scale);
+    if constexpr (kLevel == kFeatScores) {
+      // Dropout hits P after its row sum (the lse and the normalization are
+      // those of the undropped softmax); 1 / (1 - rate) is applied to O in
+      // the epilogue, which keeps 16-bit P in range.
+      if (a.scores.dropout_key != nullptr) {
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
-        mask_slab(s[mt], a.mask, m0 + warp_row0 + mt * kMmaM + g, n0, t, lens.kv_len);
+        for (int mt = 0; mt < kMT; ++mt) {
+          const int r0 = m0 + warp_row0 + mt * kMmaM + g;
+#pragma unroll
+          for (int j = 0; j < Sh::kKeyTiles; ++j) {
+            const uint32_t keep =
+                dropout_bits_rows(a.scores, b, head, r0, r0 + 8, n0 + j * kMmaN + 2 * t, t);
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              if (!((keep >> e) & 1u)) s[mt][j][e] = 0.f;
+          }
+        }
+      }
     }
-    online_softmax(s, acc, row_max, row_sum, softmax_scale);
     // P goes to 16-bit A fragments right away: half the registers of the
     // fp32 scores, which is what lets two 16-row slabs per warp fit.
     uint32_t pa[kMT][Sh::kKeyTiles / 2][4];
@@ -207,13 +337,16 @@ __global__ void __launch_bounds__(Sh::kThreads) attn_fwd_kernel(const FwdArgs a)
   cp_async_wait<0>();
 
   float* lse = a.lse + (int64_t(b) * sh.num_heads + head) * sh.seqlen_q + m0;
+  float out_scale = 1.f;  // 1 / (1 - dropout rate)
+  if constexpr (kLevel == kFeatScores)
+    if (a.scores.dropout_key != nullptr) out_scale = a.scores.dropout_keep_scale;
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float sum = quad_sum(row_sum[mt][h]);
       const bool seen = sum > 0.f;
-      const float inv = seen ? 1.f / sum : 0.f;
+      const float inv = seen ? out_scale / sum : 0.f;
 #pragma unroll
       for (int j = 0; j < Sh::kHeadTiles; ++j) {
         acc[mt][j][2 * h] *= inv;
@@ -233,9 +366,9 @@ __global__ void __launch_bounds__(Sh::kThreads) attn_fwd_kernel(const FwdArgs a)
                                       rows_out, rows_valid, sh.head_dim, tid);
 }
 
-template <DType kDt, class Sh>
+template <DType kDt, class Sh, int kLevel = kFeatPlain>
 cudaError_t launch_fwd_shape(const FwdArgs& a, cudaStream_t stream) {
-  auto* kernel = attn_fwd_kernel<kDt, Sh>;
+  auto* kernel = attn_fwd_kernel<kDt, Sh, kLevel>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          Sh::kSmemBytes);
   if (err != cudaSuccess) return err;
@@ -247,7 +380,9 @@ cudaError_t launch_fwd_shape(const FwdArgs& a, cudaStream_t stream) {
 
 template <DType kDt, int kHeadDim>
 cudaError_t run_fwd(const FwdArgs& a, cudaStream_t stream) {
-  return launch_fwd_shape<kDt, FwdShape<kHeadDim>>(a, stream);
+  return dispatch_feat_level(a.mask, a.scores, [&](auto level) {
+    return launch_fwd_shape<kDt, FwdShape<kHeadDim>, decltype(level)::value>(a, stream);
+  });
 }
 
 }  // namespace attn

@@ -1,6 +1,13 @@
 // Standalone correctness + speed check of the CUDA attention kernels against
 // a float64 CPU reference (not part of the library build). From the repo root:
-//   nvcc -std=c++17 -O3 -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a -Icpp cpp/kernels/attention/standalone_test.cu cpp/kernels/attention/launch_fwd.cu cpp/kernels/attention/launch_bwd.cu cpp/kernels/attention/instances_hdim*.cu -o /tmp/attn_test && /tmp/attn_test
+//   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a -Icpp cpp/kernels/attention/standalone_test.cu cpp/kernels/attention/launch_fwd.cu cpp/kernels/attention/launch_bwd.cu cpp/kernels/attention/instances_hdim*.cu cpp/kernels/attention/sm90/fwd_hdim*.cu cpp/kernels/attention/sm90/bwd_hdim*.cu -lcuda -o /tmp/attn_test && /tmp/attn_test
+// Arguments (any order): `check` runs the correctness cases only, `bench`
+// the timings only, `features` only the feature cases (segment ids, boolean
+// mask, soft cap, bias + dbias, dropout), `portable` forces the sm_80
+// kernels everywhere (as JAXCRAFT_ATTENTION_KERNEL=portable does; without
+// it the launcher picks the Hopper kernels where they apply), `variants`
+// adds the tile-shape comparisons. Every case prints PASS or FAIL, and the
+// last correctness line sums them up.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -8,14 +15,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/philox.h"
 #include "common/standalone_check.h"
 #include "kernels/attention/bwd_dkdv_kernel.cuh"
 #include "kernels/attention/fwd_kernel.cuh"
+#include "kernels/attention/host_args.h"
 #include "kernels/attention/launch.h"
 #include "kernels/attention/sm90/bwd_kernel.cuh"
 #include "kernels/attention/sm90/fwd_kernel.cuh"
@@ -28,6 +38,23 @@ namespace {
 constexpr double kTol = 2e-2;       // relative L2 error bound for 16-bit inputs
 constexpr double kLseTol = 1e-2;    // absolute, natural-log units
 constexpr int kTimingReps = 20;
+constexpr int kSegBlock = 64;       // params.h: kSegmentBlock
+
+// Per-element features of a case (params.h: AttentionMask, AttentionScores).
+// Bias and mask shapes: kFull [B, N, T, S]; kBcastB [1, N, T, S] (stride_b 0);
+// kBcastN [B, 1, T, S] (stride_n 0); kBcastBN [1, 1, T, S].
+enum class Bcast { kNone, kFull, kBcastB, kBcastN, kBcastBN };
+enum class Seg { kNone, kSorted, kUnsorted };
+struct Feat {
+  float softcap = 0.f;
+  Bcast bias = Bcast::kNone;
+  bool bias_f32 = false;
+  Seg seg = Seg::kNone;
+  Bcast mask = Bcast::kNone;
+  float dropout = 0.f;
+  bool dropout_bcast = false;
+  int docs = 0;  // > 0 with kSorted: that many equal documents (timings)
+};
 
 struct Case {
   int B, T, S, N, K, H;
@@ -36,6 +63,7 @@ struct Case {
   std::vector<int> q_len, kv_len;  // empty: full
   DType dt;
   std::string name;
+  Feat f = {};
 };
 
 uint16_t to_bits(float x, DType dt) {
@@ -68,30 +96,183 @@ Tensor16 random_tensor(size_t n, DType dt, std::mt19937& rng) {
   return t;
 }
 
-bool visible(const Case& c, int b, int i, int j) {
+// Element strides of a broadcastable [B, N, T, S] tensor and its element count.
+struct Layout {
+  long long sb = 0, sn = 0, elems = 0;
+};
+Layout layout_of(Bcast k, const Case& c) {
+  const long long ts = static_cast<long long>(c.T) * c.S;
+  const bool has_b = k == Bcast::kFull || k == Bcast::kBcastN;
+  const bool has_n = k == Bcast::kFull || k == Bcast::kBcastB;
+  Layout l;
+  l.sn = has_n ? ts : 0;
+  l.sb = has_b ? (has_n ? c.N : 1) * ts : 0;
+  l.elems = k == Bcast::kNone ? 0 : (has_b ? c.B : 1) * (has_n ? c.N : 1) * ts;
+  return l;
+}
+
+// Host copies of a case's feature inputs (empty vectors: feature absent).
+struct Extras {
+  std::vector<int> q_seg, kv_seg, seg_key_range, seg_query_range;
+  std::vector<uint8_t> mask;
+  Layout mask_l, bias_l;
+  std::vector<double> bias;          // rounded values
+  std::vector<uint16_t> bias_bits;   // 16-bit bias
+  std::vector<float> bias_f32;       // float32 bias
+  uint32_t key[2] = {0, 0};
+  uint32_t threshold = 0;
+  double keep_scale = 1.0;
+};
+
+// The tile ranges of segment ids, computed as jaxcraft/ops/attention.py's
+// _segment_ranges does: 64-position blocks overlap when their id ranges do;
+// per row block the keys [first overlapping key block * 64, (last + 1) * 64)
+// clipped to S, or (S, 0) when none (and likewise per key block).
+void segment_ranges(const Case& c, Extras* x) {
+  const int R = (c.T + kSegBlock - 1) / kSegBlock, C = (c.S + kSegBlock - 1) / kSegBlock;
+  auto minmax = [](const int* ids, int len, int blk, int* mn, int* mx) {
+    *mn = ids[blk * kSegBlock];
+    *mx = *mn;
+    for (int i = blk * kSegBlock; i < std::min(len, (blk + 1) * kSegBlock); ++i) {
+      *mn = std::min(*mn, ids[i]);
+      *mx = std::max(*mx, ids[i]);
+    }
+  };
+  x->seg_key_range.assign(size_t(c.B) * R * 2, 0);
+  x->seg_query_range.assign(size_t(c.B) * C * 2, 0);
+  for (int b = 0; b < c.B; ++b) {
+    std::vector<int> qmn(R), qmx(R), kmn(C), kmx(C);
+    for (int r = 0; r < R; ++r) minmax(&x->q_seg[size_t(b) * c.T], c.T, r, &qmn[r], &qmx[r]);
+    for (int k = 0; k < C; ++k) minmax(&x->kv_seg[size_t(b) * c.S], c.S, k, &kmn[k], &kmx[k]);
+    auto overlap = [&](int r, int k) { return qmn[r] <= kmx[k] && kmn[k] <= qmx[r]; };
+    for (int r = 0; r < R; ++r) {
+      int first = -1, last = -1;
+      for (int k = 0; k < C; ++k)
+        if (overlap(r, k)) {
+          if (first < 0) first = k;
+          last = k;
+        }
+      int* out = &x->seg_key_range[(size_t(b) * R + r) * 2];
+      out[0] = first < 0 ? c.S : first * kSegBlock;
+      out[1] = first < 0 ? 0 : std::min((last + 1) * kSegBlock, c.S);
+    }
+    for (int k = 0; k < C; ++k) {
+      int first = -1, last = -1;
+      for (int r = 0; r < R; ++r)
+        if (overlap(r, k)) {
+          if (first < 0) first = r;
+          last = r;
+        }
+      int* out = &x->seg_query_range[(size_t(b) * C + k) * 2];
+      out[0] = first < 0 ? c.T : first * kSegBlock;
+      out[1] = first < 0 ? 0 : std::min((last + 1) * kSegBlock, c.T);
+    }
+  }
+}
+
+Extras make_extras(const Case& c, std::mt19937& rng) {
+  Extras x;
+  const Feat& f = c.f;
+  if (f.seg != Seg::kNone) {
+    x.q_seg.resize(size_t(c.B) * c.T);
+    x.kv_seg.resize(size_t(c.B) * c.S);
+    for (int b = 0; b < c.B; ++b) {
+      int* q = &x.q_seg[size_t(b) * c.T];
+      int* kv = &x.kv_seg[size_t(b) * c.S];
+      if (f.seg == Seg::kSorted && f.docs > 0) {
+        for (int i = 0; i < c.T; ++i) q[i] = int(int64_t(i) * f.docs / c.T);
+        for (int j = 0; j < c.S; ++j) kv[j] = int(int64_t(j) * f.docs / c.S);
+      } else if (f.seg == Seg::kSorted) {
+        // Packed documents: 2-5 of random lengths, the same cut points on
+        // both sides when T == S (self-attention), proportional otherwise.
+        const int docs = 2 + static_cast<int>(rng() % 4);
+        std::vector<double> cuts;
+        for (int d = 0; d + 1 < docs; ++d) cuts.push_back(std::uniform_real_distribution<double>(0, 1)(rng));
+        std::sort(cuts.begin(), cuts.end());
+        auto fill = [&](int* ids, int len) {
+          for (int i = 0; i < len; ++i) {
+            int d = 0;
+            while (d < int(cuts.size()) && i >= cuts[d] * len) ++d;
+            ids[i] = d;
+          }
+        };
+        fill(q, c.T);
+        fill(kv, c.S);
+        // The last rows form a document with no keys: they see nothing.
+        if (c.T > 4)
+          for (int i = c.T - 2; i < c.T; ++i) q[i] = docs + 7;
+      } else {
+        for (int i = 0; i < c.T; ++i) q[i] = static_cast<int>(rng() % 3);
+        for (int j = 0; j < c.S; ++j) kv[j] = static_cast<int>(rng() % 3);
+        if (c.T > 1) q[1] = 42;  // a row whose id no key has
+      }
+    }
+    segment_ranges(c, &x);
+  }
+  if (f.mask != Bcast::kNone) {
+    x.mask_l = layout_of(f.mask, c);
+    x.mask.resize(x.mask_l.elems);
+    std::bernoulli_distribution keep(0.75);
+    for (auto& m : x.mask) m = keep(rng) ? 1 : 0;
+    // One row of the first (b, n) sees no key at all.
+    const int row = std::min(2, c.T - 1);
+    for (int j = 0; j < c.S; ++j) x.mask[size_t(row) * c.S + j] = 0;
+  }
+  if (f.bias != Bcast::kNone) {
+    x.bias_l = layout_of(f.bias, c);
+    std::normal_distribution<float> dist(0.f, 2.f);
+    x.bias.resize(x.bias_l.elems);
+    if (f.bias_f32) x.bias_f32.resize(x.bias_l.elems);
+    else x.bias_bits.resize(x.bias_l.elems);
+    for (long long i = 0; i < x.bias_l.elems; ++i) {
+      const float v = dist(rng);
+      if (f.bias_f32) {
+        x.bias_f32[i] = v;
+        x.bias[i] = v;
+      } else {
+        x.bias_bits[i] = to_bits(v, c.dt);
+        x.bias[i] = from_bits(x.bias_bits[i], c.dt);
+      }
+    }
+  }
+  if (f.dropout > 0.f) {
+    x.key[0] = static_cast<uint32_t>(rng());
+    x.key[1] = static_cast<uint32_t>(rng());
+    x.threshold = jaxcraft::dropout_threshold(f.dropout);
+    x.keep_scale = 1.f / (1.f - f.dropout);  // the launcher's float value
+  }
+  return x;
+}
+
+bool visible(const Case& c, const Extras& x, int b, int n, int i, int j) {
   if (!c.kv_len.empty() && j >= c.kv_len[b]) return false;
   const long long d = i + c.offset;
   if (c.causal && j > d) return false;
   if (c.wl >= 0 && j < d - c.wl) return false;
   if (c.wr >= 0 && j > d + c.wr) return false;
+  if (!x.q_seg.empty() && x.q_seg[size_t(b) * c.T + i] != x.kv_seg[size_t(b) * c.S + j]) return false;
+  if (!x.mask.empty() &&
+      !x.mask[b * x.mask_l.sb + n * x.mask_l.sn + static_cast<long long>(i) * c.S + j])
+    return false;
   return true;
 }
 
 struct Ref {
-  std::vector<double> o, lse, dq, dk, dv;
+  std::vector<double> o, lse, dq, dk, dv, dbias;
 };
 
-// One (b, n) head of forward and backward in float64; dk/dv go to private
-// buffers (summed over the GQA group by the caller).
-void ref_head(const Case& c, int b, int n, double scale, const Tensor16& q, const Tensor16& k,
-              const Tensor16& v, const Tensor16& d_o, Ref* r, std::vector<double>* dk,
-              std::vector<double>* dv) {
+// One (b, n) head of forward and backward in float64; dk/dv/dbias go to
+// private buffers (summed over the GQA group / broadcast axes by the caller).
+void ref_head(const Case& c, const Extras& x, int b, int n, double scale, const Tensor16& q,
+              const Tensor16& k, const Tensor16& v, const Tensor16& d_o, Ref* r,
+              std::vector<double>* dk, std::vector<double>* dv, std::vector<double>* dbias) {
   const int T = c.T, S = c.S, N = c.N, K = c.K, H = c.H, kh = n / (N / K);
+  const double cap = c.f.softcap;
   auto qi = [&](int i) { return &q.val[((size_t(b) * T + i) * N + n) * H]; };
   auto gi = [&](int i) { return &d_o.val[((size_t(b) * T + i) * N + n) * H]; };
   auto kj = [&](int j) { return &k.val[((size_t(b) * S + j) * K + kh) * H]; };
   auto vj = [&](int j) { return &v.val[((size_t(b) * S + j) * K + kh) * H]; };
-  std::vector<double> p(S), dp(S);
+  std::vector<double> p(S), capped(S), keep(S);
   for (int i = 0; i < T; ++i) {
     double* o = &r->o[((size_t(b) * T + i) * N + n) * H];
     double* dq = &r->dq[((size_t(b) * T + i) * N + n) * H];
@@ -101,10 +282,14 @@ void ref_head(const Case& c, int b, int n, double scale, const Tensor16& q, cons
     double m = -INFINITY;
     for (int j = 0; j < S; ++j) {
       p[j] = -INFINITY;
-      if (!row_ok || !visible(c, b, i, j)) continue;
+      if (!row_ok || !visible(c, x, b, n, i, j)) continue;
       double s = 0;
       for (int h = 0; h < H; ++h) s += qi(i)[h] * kj(j)[h];
-      p[j] = s * scale;
+      s *= scale;
+      if (cap > 0) s = cap * std::tanh(s / cap);
+      capped[j] = s;
+      if (!x.bias.empty()) s += x.bias[b * x.bias_l.sb + n * x.bias_l.sn + size_t(i) * S + j];
+      p[j] = s;
       m = std::max(m, p[j]);
     }
     if (m == -INFINITY) continue;  // o, dq stay zero
@@ -112,26 +297,35 @@ void ref_head(const Case& c, int b, int n, double scale, const Tensor16& q, cons
     for (int j = 0; j < S; ++j) l += p[j] == -INFINITY ? 0 : std::exp(p[j] - m);
     lse = m + std::log(l);
     for (int j = 0; j < S; ++j) p[j] = p[j] == -INFINITY ? 0 : std::exp(p[j] - m) / l;
+    for (int j = 0; j < S; ++j) {
+      keep[j] = 1.0;
+      if (c.f.dropout > 0.f) {
+        const uint32_t bb = c.f.dropout_bcast ? 0 : b, nn = c.f.dropout_bcast ? 0 : n;
+        keep[j] = jaxcraft::dropout_keep(x.key, x.threshold, bb, nn, i, j) ? x.keep_scale : 0.0;
+      }
+    }
     for (int j = 0; j < S; ++j)
       if (p[j] != 0)
-        for (int h = 0; h < H; ++h) o[h] += p[j] * vj(j)[h];
+        for (int h = 0; h < H; ++h) o[h] += p[j] * keep[j] * vj(j)[h];
     double delta = 0;
     for (int h = 0; h < H; ++h) delta += gi(i)[h] * o[h];
     for (int j = 0; j < S; ++j) {
       if (p[j] == 0) continue;
       double s = 0;
       for (int h = 0; h < H; ++h) s += gi(i)[h] * vj(j)[h];
-      const double ds = p[j] * (s - delta);
+      const double dS = p[j] * (s * keep[j] - delta);
+      if (!x.bias.empty()) (*dbias)[size_t(i) * S + j] += dS;
+      const double ds = cap > 0 ? dS * (1 - (capped[j] / cap) * (capped[j] / cap)) : dS;
       for (int h = 0; h < H; ++h) {
         dq[h] += scale * ds * kj(j)[h];
         (*dk)[size_t(j) * H + h] += scale * ds * qi(i)[h];
-        (*dv)[size_t(j) * H + h] += p[j] * gi(i)[h];
+        (*dv)[size_t(j) * H + h] += p[j] * keep[j] * gi(i)[h];
       }
     }
   }
 }
 
-Ref reference(const Case& c, double scale, const Tensor16& q, const Tensor16& k,
+Ref reference(const Case& c, const Extras& x, double scale, const Tensor16& q, const Tensor16& k,
               const Tensor16& v, const Tensor16& d_o) {
   Ref r;
   const size_t nq = size_t(c.B) * c.T * c.N * c.H, nk = size_t(c.B) * c.S * c.K * c.H;
@@ -140,14 +334,18 @@ Ref reference(const Case& c, double scale, const Tensor16& q, const Tensor16& k,
   r.lse.assign(size_t(c.B) * c.N * c.T, 0);
   r.dk.assign(nk, 0);
   r.dv.assign(nk, 0);
-  std::vector<std::vector<double>> dk(c.B * c.N), dv(c.B * c.N);
+  r.dbias.assign(x.bias_l.elems, 0);
+  const size_t ts = x.bias.empty() ? 0 : size_t(c.T) * c.S;
+  std::vector<std::vector<double>> dk(c.B * c.N), dv(c.B * c.N), db(c.B * c.N);
   std::vector<std::thread> pool;
   for (int b = 0; b < c.B; ++b)
     for (int n = 0; n < c.N; ++n) {
       dk[b * c.N + n].assign(size_t(c.S) * c.H, 0);
       dv[b * c.N + n].assign(size_t(c.S) * c.H, 0);
-      pool.emplace_back(ref_head, std::cref(c), b, n, scale, std::cref(q), std::cref(k),
-                        std::cref(v), std::cref(d_o), &r, &dk[b * c.N + n], &dv[b * c.N + n]);
+      db[b * c.N + n].assign(ts, 0);
+      pool.emplace_back(ref_head, std::cref(c), std::cref(x), b, n, scale, std::cref(q),
+                        std::cref(k), std::cref(v), std::cref(d_o), &r, &dk[b * c.N + n],
+                        &dv[b * c.N + n], &db[b * c.N + n]);
     }
   for (auto& t : pool) t.join();
   for (int b = 0; b < c.B; ++b)
@@ -159,6 +357,8 @@ Ref reference(const Case& c, double scale, const Tensor16& q, const Tensor16& k,
           r.dk[dst] += dk[b * c.N + n][size_t(j) * c.H + h];
           r.dv[dst] += dv[b * c.N + n][size_t(j) * c.H + h];
         }
+      for (size_t e = 0; e < ts; ++e)
+        r.dbias[b * x.bias_l.sb + n * x.bias_l.sn + e] += db[b * c.N + n][e];
     }
   return r;
 }
@@ -174,6 +374,15 @@ double rel_err(const std::vector<uint16_t>& got, const std::vector<double>& ref,
   }
   return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
 }
+double rel_err(const std::vector<float>& got, const std::vector<double>& ref, bool* nan) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (std::isnan(got[i])) *nan = true;
+    num += (got[i] - ref[i]) * (got[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
 
 template <typename T>
 T* to_device(const std::vector<T>& h) {
@@ -181,6 +390,10 @@ T* to_device(const std::vector<T>& h) {
   CHECK(cudaMalloc(&d, std::max<size_t>(h.size(), 1) * sizeof(T)));
   if (!h.empty()) CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
   return d;
+}
+template <typename T>
+T* to_device_or_null(const std::vector<T>& h) {
+  return h.empty() ? nullptr : to_device(h);
 }
 template <typename T>
 std::vector<T> to_host(const T* d, size_t n) {
@@ -194,8 +407,9 @@ bool run_case(const Case& c, std::mt19937& rng) {
   const size_t nrow = size_t(c.B) * c.N * c.T;
   Tensor16 q = random_tensor(nq, c.dt, rng), k = random_tensor(nk, c.dt, rng),
            v = random_tensor(nk, c.dt, rng), d_o = random_tensor(nq, c.dt, rng);
+  const Extras x = make_extras(c, rng);
   const double scale = 1.0 / std::sqrt(double(c.H));
-  const Ref ref = reference(c, scale, q, k, v, d_o);
+  const Ref ref = reference(c, x, scale, q, k, v, d_o);
 
   jaxcraft::AttentionShape shape{c.B, c.T, c.S, c.N, c.K, c.H};
   jaxcraft::AttentionMask mask;
@@ -203,10 +417,38 @@ bool run_case(const Case& c, std::mt19937& rng) {
   mask.offset = c.offset;
   mask.window_left = c.wl;
   mask.window_right = c.wr;
-  int* d_qlen = c.q_len.empty() ? nullptr : to_device(c.q_len);
-  int* d_kvlen = c.kv_len.empty() ? nullptr : to_device(c.kv_len);
+  int* d_qlen = to_device_or_null(c.q_len);
+  int* d_kvlen = to_device_or_null(c.kv_len);
   mask.q_lengths = d_qlen;
   mask.kv_lengths = d_kvlen;
+  int* d_qseg = to_device_or_null(x.q_seg);
+  int* d_kvseg = to_device_or_null(x.kv_seg);
+  int* d_skr = to_device_or_null(x.seg_key_range);
+  int* d_sqr = to_device_or_null(x.seg_query_range);
+  uint8_t* d_mask = to_device_or_null(x.mask);
+  mask.q_segment_ids = d_qseg;
+  mask.kv_segment_ids = d_kvseg;
+  mask.segment_key_range = d_skr;
+  mask.segment_query_range = d_sqr;
+  mask.mask = d_mask;
+  mask.mask_stride_b = x.mask_l.sb;
+  mask.mask_stride_n = x.mask_l.sn;
+
+  jaxcraft::AttentionScores scores;
+  scores.softcap = c.f.softcap;
+  void* d_bias = x.bias.empty() ? nullptr
+                 : c.f.bias_f32 ? static_cast<void*>(to_device(x.bias_f32))
+                                : static_cast<void*>(to_device(x.bias_bits));
+  scores.bias = d_bias;
+  scores.bias_f32 = c.f.bias_f32;
+  scores.bias_stride_b = x.bias_l.sb;
+  scores.bias_stride_n = x.bias_l.sn;
+  uint32_t* d_key = nullptr;
+  if (c.f.dropout > 0.f) d_key = to_device(std::vector<uint32_t>{x.key[0], x.key[1]});
+  scores.dropout_rate = c.f.dropout;
+  scores.dropout_key = d_key;
+  scores.dropout_broadcast = c.f.dropout_bcast;
+  float* d_dbias = x.bias.empty() ? nullptr : to_device(std::vector<float>(x.bias_l.elems, NAN));
 
   uint16_t *dq_ = to_device(q.bits), *dk_ = to_device(k.bits), *dv_ = to_device(v.bits),
            *ddo = to_device(d_o.bits);
@@ -221,6 +463,7 @@ bool run_case(const Case& c, std::mt19937& rng) {
   fp.mask = mask;
   fp.dtype = c.dt;
   fp.scale = float(scale);
+  fp.scores = scores;
   fp.q = dq_;
   fp.k = dk_;
   fp.v = dv_;
@@ -244,8 +487,7 @@ bool run_case(const Case& c, std::mt19937& rng) {
   }
 
   bool ok = !nan && e_o < kTol && e_lse < kLseTol;
-  std::printf("%-44s o %.2e lse %.2e", c.name.c_str(), e_o, e_lse);
-  std::vector<uint16_t> dq_first;
+  std::printf("%-58s o %.2e lse %.2e", c.name.c_str(), e_o, e_lse);
   for (int det = 0; det < 2; ++det) {
     jaxcraft::AttentionBwdParams bp;
     bp.shape = shape;
@@ -253,6 +495,7 @@ bool run_case(const Case& c, std::mt19937& rng) {
     bp.dtype = c.dt;
     bp.scale = float(scale);
     bp.deterministic = det == 1;
+    bp.scores = scores;
     bp.q = dq_;
     bp.k = dk_;
     bp.v = dv_;
@@ -264,6 +507,7 @@ bool run_case(const Case& c, std::mt19937& rng) {
     bp.dv = gv;
     bp.delta = delta;
     bp.dq_accum = acc;
+    bp.dbias = d_dbias;
     CHECK(jaxcraft::launch_attention_bwd(bp, 0));
     CHECK(cudaDeviceSynchronize());
     const double e_dq = rel_err(to_host(gq, nq), ref.dq, c.dt, &nan);
@@ -271,10 +515,17 @@ bool run_case(const Case& c, std::mt19937& rng) {
     const double e_dv = rel_err(to_host(gv, nk), ref.dv, c.dt, &nan);
     std::printf(" | %s dq %.2e dk %.2e dv %.2e", det ? "det" : "atom", e_dq, e_dk, e_dv);
     ok = ok && !nan && e_dq < kTol && e_dk < kTol && e_dv < kTol;
+    if (d_dbias) {
+      const double e_db = rel_err(to_host(d_dbias, x.bias_l.elems), ref.dbias, &nan);
+      std::printf(" dbias %.2e", e_db);
+      ok = ok && !nan && e_db < kTol;
+    }
   }
   std::printf("%s %s\n", nan ? " NaN" : "", ok ? "PASS" : "FAIL");
   for (void* p : {(void*)dq_, (void*)dk_, (void*)dv_, (void*)ddo, (void*)o, (void*)gq, (void*)gk,
-                  (void*)gv, (void*)lse, (void*)delta, (void*)acc, (void*)d_qlen, (void*)d_kvlen})
+                  (void*)gv, (void*)lse, (void*)delta, (void*)acc, (void*)d_qlen, (void*)d_kvlen,
+                  (void*)d_qseg, (void*)d_kvseg, (void*)d_skr, (void*)d_sqr, (void*)d_mask,
+                  d_bias, (void*)d_key, (void*)d_dbias})
     if (p) CHECK(cudaFree(p));
   return ok;
 }
@@ -308,6 +559,95 @@ std::vector<Case> cases() {
       }
     }
   }
+  return out;
+}
+
+// Segment ids, the boolean mask, soft cap, bias (+ dbias) and dropout, alone
+// and together, over awkward sizes, GQA and every head-dim bucket.
+std::vector<Case> feature_cases() {
+  std::vector<Case> out;
+  const DType bf = DType::kBF16, hf = DType::kF16;
+  auto add = [&](DType dt, int H, int T, int S, const char* what, bool causal, long long off,
+                 long long wl, long long wr, Feat f, std::vector<int> ql = {},
+                 std::vector<int> kl = {}, int B = 2, int N = 4, int K = 2) {
+    char name[160];
+    std::snprintf(name, sizeof name, "%s H%d T%d S%d N%d/%d %s", dt == bf ? "bf16" : "f16", H, T,
+                  S, N, K, what);
+    out.push_back({B, T, S, N, K, H, causal, off, wl, wr, ql, kl, dt, name, f});
+  };
+  auto feat = [](auto&& setup) {
+    Feat f;
+    setup(f);
+    return f;
+  };
+  const Feat cap15 = feat([](Feat& f) { f.softcap = 1.5f; });
+  const Feat cap30 = feat([](Feat& f) { f.softcap = 30.f; });
+  // Soft cap.
+  add(bf, 64, 67, 130, "softcap 1.5", false, 0, -1, -1, cap15);
+  add(hf, 128, 67, 130, "softcap 30 causal br", true, 130 - 67, -1, -1, cap30);
+  // Bias: full (plain dbias stores), broadcast over b / n / both (atomics).
+  add(bf, 64, 67, 130, "bias full", false, 0, -1, -1, feat([](Feat& f) { f.bias = Bcast::kFull; }));
+  add(bf, 128, 130, 67, "bias full f32 causal", true, 0, -1, -1,
+      feat([](Feat& f) { f.bias = Bcast::kFull; f.bias_f32 = true; }));
+  add(hf, 64, 67, 130, "bias bcast-b window 40/9", false, 130 - 67, 40, 9,
+      feat([](Feat& f) { f.bias = Bcast::kBcastB; }));
+  add(bf, 128, 67, 130, "bias bcast-n softcap 5", false, 0, -1, -1,
+      feat([](Feat& f) { f.bias = Bcast::kBcastN; f.softcap = 5.f; }));
+  add(hf, 128, 130, 130, "bias [T,S] f32 causal", true, 0, -1, -1,
+      feat([](Feat& f) { f.bias = Bcast::kBcastBN; f.bias_f32 = true; }));
+  add(bf, 64, 129, 129, "bias full B1 causal", true, 0, -1, -1,
+      feat([](Feat& f) { f.bias = Bcast::kFull; }), {}, {}, 1, 2, 1);
+  add(hf, 64, 129, 129, "bias bcast-n B1 MQA", false, 0, -1, -1,
+      feat([](Feat& f) { f.bias = Bcast::kBcastN; }), {}, {}, 1, 4, 1);
+  // Boolean mask (one row sees no key).
+  add(bf, 64, 67, 130, "mask full", false, 0, -1, -1, feat([](Feat& f) { f.mask = Bcast::kFull; }));
+  add(hf, 128, 130, 67, "mask bcast-n causal br", true, 67 - 130, -1, -1,
+      feat([](Feat& f) { f.mask = Bcast::kBcastN; }));
+  add(bf, 128, 67, 130, "mask [T,S] lens", false, 0, -1, -1,
+      feat([](Feat& f) { f.mask = Bcast::kBcastBN; }), {67, 40}, {100, 130});
+  // Segment ids (the last rows' document has no keys).
+  const Feat sorted = feat([](Feat& f) { f.seg = Seg::kSorted; });
+  const Feat unsorted = feat([](Feat& f) { f.seg = Seg::kUnsorted; });
+  add(bf, 64, 300, 300, "seg sorted causal", true, 0, -1, -1, sorted);
+  add(bf, 128, 130, 130, "seg unsorted causal", true, 0, -1, -1, unsorted);
+  add(hf, 64, 67, 130, "seg sorted lens", false, 0, -1, -1, sorted, {60, 67}, {130, 90});
+  add(hf, 128, 130, 67, "seg unsorted", false, 0, -1, -1, unsorted);
+  add(bf, 128, 1000, 1000, "seg sorted causal", true, 0, -1, -1, sorted);
+  add(bf, 64, 1000, 1000, "seg sorted window 100/0", false, 0, 100, 0, sorted);
+  // Dropout.
+  add(bf, 64, 67, 130, "dropout 0.2", false, 0, -1, -1, feat([](Feat& f) { f.dropout = 0.2f; }));
+  add(hf, 128, 130, 130, "dropout 0.5 bcast causal", true, 0, -1, -1,
+      feat([](Feat& f) { f.dropout = 0.5f; f.dropout_bcast = true; }));
+  add(bf, 128, 300, 1000, "dropout 0.1 causal br", true, 700, -1, -1,
+      feat([](Feat& f) { f.dropout = 0.1f; }));
+  // Everything together, on every head-dim bucket.
+  const Feat all = feat([](Feat& f) {
+    f.softcap = 5.f;
+    f.bias = Bcast::kBcastN;
+    f.seg = Seg::kSorted;
+    f.mask = Bcast::kFull;
+    f.dropout = 0.1f;
+  });
+  const Feat all2 = feat([](Feat& f) {
+    f.softcap = 2.f;
+    f.bias = Bcast::kFull;
+    f.bias_f32 = true;
+    f.seg = Seg::kUnsorted;
+    f.dropout = 0.3f;
+    f.dropout_bcast = true;
+  });
+  add(bf, 128, 67, 130, "all causal br", true, 130 - 67, -1, -1, all);
+  add(hf, 64, 130, 67, "all lens", false, 0, -1, -1, all, {130, 100}, {67, 50});
+  add(bf, 64, 67, 130, "all2 causal", true, 0, -1, -1, all2);
+  add(hf, 128, 200, 200, "all2 window 50/20", false, 0, 50, 20, all2);
+  for (int H : {32, 80, 96, 192, 256}) {
+    add(bf, H, 67, 130, "all causal br", true, 130 - 67, -1, -1, all);
+    add(hf, H, 130, 67, "all2", false, 0, -1, -1, all2);
+  }
+  // Level 1 alone (segment ids + mask, no score features) on the other buckets.
+  for (int H : {32, 96, 192, 256})
+    add(bf, H, 130, 130, "seg sorted + mask causal", true, 0, -1, -1,
+        feat([](Feat& f) { f.seg = Seg::kSorted; f.mask = Bcast::kBcastN; }));
   return out;
 }
 
@@ -533,17 +873,203 @@ void fwd_sm90_variants(int B, int S, bool causal) {
   (one(Cfgs{}), ...);
 }
 
+// Timings of the per-element features against the plain kernels on the same
+// inputs (whichever kernels the launcher picks; `portable` forces sm_80).
+void bench_features(int B, int S, int N, int H) {
+  TimingBuffers buf(B, S, N, H, 17);
+  struct Variant {
+    const char* label;
+    bool causal;
+    Feat f;
+  };
+  auto feat = [](auto&& setup) {
+    Feat f;
+    setup(f);
+    return f;
+  };
+  const std::vector<Variant> variants = {
+      {"causal", true, Feat{}},
+      {"causal + seg ids (4 docs)", true, feat([](Feat& f) { f.seg = Seg::kSorted; f.docs = 4; })},
+      {"causal + seg ids (16 docs)", true, feat([](Feat& f) { f.seg = Seg::kSorted; f.docs = 16; })},
+      {"causal + mask [B,1,S,S]", true, feat([](Feat& f) { f.mask = Bcast::kBcastN; })},
+      {"causal + softcap 30", true, feat([](Feat& f) { f.softcap = 30.f; })},
+      {"causal + bias [1,N,S,S]", true, feat([](Feat& f) { f.bias = Bcast::kBcastB; })},
+      {"causal + bias [B,N,S,S]", true, feat([](Feat& f) { f.bias = Bcast::kFull; })},
+      {"causal + dropout 0.1", true, feat([](Feat& f) { f.dropout = 0.1f; })},
+      {"full", false, Feat{}},
+      {"full + bias [1,N,S,S] + softcap", false,
+       feat([](Feat& f) { f.bias = Bcast::kBcastB; f.softcap = 30.f; })},
+  };
+  const double flops_full = 4.0 * B * N * double(S) * S * H;
+  std::mt19937 rng(5);
+  for (const Variant& var : variants) {
+    const Case c{B, S, S, N, N, H, var.causal, 0, -1, -1, {}, {}, DType::kBF16, var.label, var.f};
+    const Extras x = make_extras(c, rng);
+    int* d_qseg = to_device_or_null(x.q_seg);
+    int* d_kvseg = to_device_or_null(x.kv_seg);
+    int* d_skr = to_device_or_null(x.seg_key_range);
+    int* d_sqr = to_device_or_null(x.seg_query_range);
+    uint8_t* d_mask = to_device_or_null(x.mask);
+    void* d_bias = x.bias.empty() ? nullptr : static_cast<void*>(to_device(x.bias_bits));
+    uint32_t* d_key = var.f.dropout > 0.f ? to_device(std::vector<uint32_t>{x.key[0], x.key[1]}) : nullptr;
+    float* d_dbias = x.bias.empty() ? nullptr : to_device(std::vector<float>(x.bias_l.elems, 0.f));
+
+    jaxcraft::AttentionFwdParams fp;
+    fp.shape = {B, S, S, N, N, H};
+    fp.mask.causal = var.causal;
+    fp.mask.q_segment_ids = d_qseg;
+    fp.mask.kv_segment_ids = d_kvseg;
+    fp.mask.segment_key_range = d_skr;
+    fp.mask.segment_query_range = d_sqr;
+    fp.mask.mask = d_mask;
+    fp.mask.mask_stride_b = x.mask_l.sb;
+    fp.mask.mask_stride_n = x.mask_l.sn;
+    fp.scores.softcap = var.f.softcap;
+    fp.scores.bias = d_bias;
+    fp.scores.bias_stride_b = x.bias_l.sb;
+    fp.scores.bias_stride_n = x.bias_l.sn;
+    fp.scores.dropout_rate = var.f.dropout;
+    fp.scores.dropout_key = d_key;
+    fp.scale = 1.f / std::sqrt(float(H));
+    fp.q = buf.q, fp.k = buf.k, fp.v = buf.v, fp.o = buf.o, fp.lse = buf.lse;
+    jaxcraft::AttentionBwdParams bp;
+    bp.shape = fp.shape;
+    bp.mask = fp.mask;
+    bp.scores = fp.scores;
+    bp.scale = fp.scale;
+    bp.q = buf.q, bp.k = buf.k, bp.v = buf.v, bp.o = buf.o, bp.d_o = buf.d_o, bp.lse = buf.lse;
+    bp.dq = buf.gq, bp.dk = buf.gk, bp.dv = buf.gv, bp.delta = buf.delta, bp.dq_accum = buf.acc;
+    bp.dbias = d_dbias;
+    const double f = var.causal ? 0.5 * flops_full : flops_full;
+    const double t_fwd = time_ms([&] { return jaxcraft::launch_attention_fwd(fp, 0); });
+    bp.deterministic = false;
+    const double t_bwd = time_ms([&] { return jaxcraft::launch_attention_bwd(bp, 0); });
+    bp.deterministic = true;
+    const double t_det = time_ms([&] { return jaxcraft::launch_attention_bwd(bp, 0); });
+    std::printf("feature bench B%d S%d N%d H%d %-34s fwd %.3f ms (%.0f TF/s)  bwd %.3f ms (%.0f)  bwd(det) %.3f ms (%.0f)\n",
+                B, S, N, H, var.label, t_fwd, f / t_fwd / 1e9, t_bwd, 2.5 * f / t_bwd / 1e9, t_det,
+                2.5 * f / t_det / 1e9);
+    for (void* p : {(void*)d_qseg, (void*)d_kvseg, (void*)d_skr, (void*)d_sqr, (void*)d_mask, d_bias,
+                    (void*)d_key, (void*)d_dbias})
+      if (p) CHECK(cudaFree(p));
+  }
+}
+
+// dK/dV tile shapes for the feature instances at H128 (tile_config.h's
+// default 128 keys vs 64), dK/dV + atomic dQ kernel alone.
+void dkdv_feature_shapes(int B, int S, int N) {
+  constexpr int H = 128;
+  TimingBuffers buf(B, S, N, H, 19);
+  auto feat = [](auto&& setup) {
+    Feat f;
+    setup(f);
+    return f;
+  };
+  const std::vector<std::pair<const char*, Feat>> variants = {
+      {"plain", Feat{}},
+      {"seg ids (4 docs)", feat([](Feat& f) { f.seg = Seg::kSorted; f.docs = 4; })},
+      {"bias [1,N,S,S] + softcap", feat([](Feat& f) { f.bias = Bcast::kBcastB; f.softcap = 30.f; })},
+      {"dropout 0.1", feat([](Feat& f) { f.dropout = 0.1f; })},
+  };
+  std::mt19937 rng(5);
+  for (const auto& var : variants) {
+    const Case c{B, S, S, N, N, H, true, 0, -1, -1, {}, {}, DType::kBF16, var.first, var.second};
+    const Extras x = make_extras(c, rng);
+    int* d_qseg = to_device_or_null(x.q_seg);
+    int* d_kvseg = to_device_or_null(x.kv_seg);
+    int* d_skr = to_device_or_null(x.seg_key_range);
+    int* d_sqr = to_device_or_null(x.seg_query_range);
+    void* d_bias = x.bias.empty() ? nullptr : static_cast<void*>(to_device(x.bias_bits));
+    uint32_t* d_key = var.second.dropout > 0.f ? to_device(std::vector<uint32_t>{x.key[0], x.key[1]}) : nullptr;
+    float* d_dbias = x.bias.empty() ? nullptr : to_device(std::vector<float>(x.bias_l.elems, 0.f));
+    jaxcraft::AttentionBwdParams bp;
+    bp.shape = {B, S, S, N, N, H};
+    bp.mask.causal = true;
+    bp.mask.q_segment_ids = d_qseg;
+    bp.mask.kv_segment_ids = d_kvseg;
+    bp.mask.segment_key_range = d_skr;
+    bp.mask.segment_query_range = d_sqr;
+    bp.scores.softcap = var.second.softcap;
+    bp.scores.bias = d_bias;
+    bp.scores.bias_stride_b = x.bias_l.sb;
+    bp.scores.bias_stride_n = x.bias_l.sn;
+    bp.scores.dropout_rate = var.second.dropout;
+    bp.scores.dropout_key = d_key;
+    bp.scale = 1.f / std::sqrt(float(H));
+    bp.q = buf.q, bp.k = buf.k, bp.v = buf.v, bp.o = buf.o, bp.d_o = buf.d_o, bp.lse = buf.lse;
+    bp.dq = buf.gq, bp.dk = buf.gk, bp.dv = buf.gv, bp.delta = buf.delta, bp.dq_accum = buf.acc;
+    bp.dbias = d_dbias;
+    jaxcraft::AttentionFwdParams fp;
+    fp.shape = bp.shape;
+    fp.mask = bp.mask;
+    fp.scores = bp.scores;
+    fp.scale = bp.scale;
+    fp.q = buf.q, fp.k = buf.k, fp.v = buf.v, fp.o = buf.o, fp.lse = buf.lse;
+    CHECK(jaxcraft::launch_attention_fwd(fp, 0));
+    CHECK(jaxcraft::launch_attention_bwd(bp, 0));  // fills delta
+    jaxcraft::attn::BwdArgs ba{};
+    jaxcraft::attn::to_kernel_args(bp.shape, bp.mask, &ba.shape, &ba.mask);
+    ba.scores = jaxcraft::attn::to_score_args(bp.scores);
+    ba.scale = bp.scale;
+    ba.q = bp.q, ba.k = bp.k, ba.v = bp.v, ba.o = bp.o, ba.d_o = bp.d_o, ba.lse = bp.lse;
+    ba.dq = bp.dq, ba.dk = bp.dk, ba.dv = bp.dv, ba.delta = bp.delta, ba.dq_accum = bp.dq_accum;
+    ba.dbias = d_dbias;
+    using namespace jaxcraft::attn;
+    auto time_shape = [&](auto shape) {
+      using Sh = decltype(shape);
+      return time_ms([&] {
+        switch (feat_level(ba.mask, ba.scores)) {
+          case kFeatScores: return launch_dkdv_shape<DType::kBF16, Sh, kFeatScores>(ba, 0);
+          case kFeatMasks: return launch_dkdv_shape<DType::kBF16, Sh, kFeatMasks>(ba, 0);
+          default: return launch_dkdv_shape<DType::kBF16, Sh, kFeatPlain>(ba, 0);
+        }
+      });
+    };
+    const double t128 = time_shape(DkdvShape<128>{});
+    const double t64 = time_shape(DkdvShape<128, 8, 64, 64, 2>{});
+    std::printf("dkdv+dq H128 B%d S%d N%d causal %-26s 128 keys %.3f ms  64 keys %.3f ms\n", B, S, N,
+                var.first, t128, t64);
+    for (void* p : {(void*)d_qseg, (void*)d_kvseg, (void*)d_skr, (void*)d_sqr, d_bias, (void*)d_key,
+                    (void*)d_dbias})
+      if (p) CHECK(cudaFree(p));
+  }
+}
+
+bool has_arg(int argc, char** argv, const char* what) {
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == what) return true;
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // keep the log when a timeout kills the run
-  const bool bench_only = argc > 1 && std::string(argv[1]) == "bench";
+  // Before the first launch: the launcher reads the variable once.
+  if (has_arg(argc, argv, "portable")) setenv("JAXCRAFT_ATTENTION_KERNEL", "portable", 1);
+  const char* env = std::getenv("JAXCRAFT_ATTENTION_KERNEL");
+  const bool portable = env != nullptr && std::string(env) == "portable";
+  std::printf("kernels: %s\n", portable ? "portable (sm_80) everywhere"
+                                        : "launcher's choice (Hopper where it applies)");
+  if (has_arg(argc, argv, "shapes")) {
+    dkdv_feature_shapes(4, 2048, 16);
+    return 0;
+  }
+  const bool bench_only = has_arg(argc, argv, "bench");
+  const bool check_only = has_arg(argc, argv, "check");
+  const bool features_only = has_arg(argc, argv, "features");
   int fails = 0, total = 0;
   if (!bench_only) {
     std::mt19937 rng(1234);
-    for (const Case& c : cases()) {
+    std::vector<Case> all = features_only ? std::vector<Case>{} : cases();
+    for (const Case& c : feature_cases()) all.push_back(c);
+    std::vector<std::string> failed;
+    for (const Case& c : all) {
       ++total;
-      if (!run_case(c, rng)) ++fails;
+      if (!run_case(c, rng)) {
+        ++fails;
+        failed.push_back(c.name);
+      }
     }
     jaxcraft::AttentionShape f32{1, 8, 8, 1, 1, 64};
     const char* why = jaxcraft::attention_cuda_unsupported(f32, DType::kF32);
@@ -551,8 +1077,11 @@ int main(int argc, char** argv) {
     jaxcraft::AttentionShape big{1, 8, 8, 1, 1, 300};
     why = jaxcraft::attention_cuda_unsupported(big, DType::kBF16);
     std::printf("H300 unsupported: %s\n", why ? why : "(null)");
+    for (const std::string& n : failed) std::printf("FAILED: %s\n", n.c_str());
     std::printf("%d/%d cases passed: %s\n", total - fails, total, fails ? "FAIL" : "PASS");
   }
+  if (check_only || features_only) return fails ? 1 : 0;
+  for (int H : {128, 64}) bench_features(4, 2048, 2048 / H, H);
   for (int H : {128, 64, 256}) {
     bench(8, 2048, 2048 / H, H, false);
     bench(8, 2048, 2048 / H, H, true);
