@@ -9,19 +9,7 @@ import pytest
 
 import jaxcraft
 from numerics import assert_parity, f64, random
-
-DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
-
-
-def _dtypes(platform):
-  return DTYPES if platform == "cpu" else [jnp.bfloat16, jnp.float16]
-
-
-def _qkv(B, T, S, N, K, H, dtype, seed=0):
-  k = jax.random.split(jax.random.key(seed), 3)
-  return (random(k[0], (B, T, N, H), dtype), random(k[1], (B, S, K, H), dtype),
-          random(k[2], (B, S, K, H), dtype))
-
+from test_attention import DTYPES, _kernel_dtypes as _dtypes, _qkv
 
 def _attn(impl, q, k, v, bias=None, **kw):
   return jaxcraft.dot_product_attention(q, k, v, bias, implementation=impl, **kw)
