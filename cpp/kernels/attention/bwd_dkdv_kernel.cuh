@@ -97,6 +97,53 @@ __device__ __forceinline__ void add_pair(float* p, float x, float y) {
 #endif
 }
 
+// Four adjacent fp32 values (16-byte aligned); one vector reduction on sm_90.
+__device__ __forceinline__ void add_quad(float* p, float4 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float4*>(p), v);
+#else
+  atomicAdd(p, v.x);
+  atomicAdd(p + 1, v.y);
+  atomicAdd(p + 2, v.z);
+  atomicAdd(p + 3, v.w);
+#endif
+}
+
+// kFeatScores stages each tile's fp32 dS^T in shared memory, transposed to
+// [query][key] (dbias rows run along keys), behind the kernel's other tiles.
+template <class Sh>
+constexpr int dbias_stride() {
+  return Sh::kBlockN + 4;  // 16-byte rows; conflict-free fragment stores
+}
+template <class Sh, int kLevel>
+constexpr int dkdv_smem_bytes() {
+  return Sh::kSmemBytes + (kLevel == kFeatScores ? Sh::kBlockM * dbias_stride<Sh>() * 4 : 0);
+}
+
+// The feature instances' tile shapes. H128's default 128-key tile leaves no
+// registers for the score features (they spilled) and no shared memory for
+// the dS^T staging tile and staged bias; 64 keys with single-buffered Q/dO
+// fit both.
+template <int kHeadDim, int kLevel>
+struct DkdvLevelShape {
+  using type = DkdvShape<kHeadDim>;
+};
+template <>
+struct DkdvLevelShape<128, kFeatScores> {
+  using type = DkdvShape<128, 8, 64, 64, 1>;
+};
+
+// Shared memory of an instance at most (its tiles, the dS^T staging tile,
+// one staged bias + mask block per Q/dO stage): within sm_80's 163 KB.
+template <class Sh, int kLevel>
+constexpr int dkdv_smem_max_bytes() {
+  return dkdv_smem_bytes<Sh, kLevel>() +
+         Sh::kStages * elem_stage_max_bytes<Sh::kBlockM, Sh::kBlockN>(kLevel);
+}
+
+// The feature instances keep the plain launch bounds: at H32/H64 two CTAs
+// per SM with some spilling measured faster than one CTA without (H100,
+// packed documents 0.50 vs 0.72 ms; soft cap 2.1 vs 2.8 ms).
 template <DType kDt, class Sh, int kLevel = kFeatPlain>
 __global__ void __launch_bounds__(Sh::kThreads, Sh::kMinBlocksPerSm)
     attn_bwd_dkdv_kernel(const BwdArgs a) {
@@ -144,8 +191,18 @@ __global__ void __launch_bounds__(Sh::kThreads, Sh::kMinBlocksPerSm)
   // Iteration `it` covers query head kv_head * group + it / q_tiles.
   auto tile_head = [&](int it) { return kv_head * group + it / q_tiles; };
   auto tile_m0 = [&](int it) { return (qt_begin + it % q_tiles) * kBM; };
+  // Features: the bias and mask blocks of each (head, query tile) are staged
+  // in shared memory with its Q and dO (score_tile.cuh), one per stage.
+  [[maybe_unused]] ElemStage est{};
+  if constexpr (kLevel != kFeatPlain)
+    est = elem_stage<kBM, kBN>(dkdv_smem_bytes<Sh, kLevel>(), a.mask, a.scores, kLevel);
   auto load_q_stage = [&](int it, int stage) {
     const int head = tile_head(it), m0 = tile_m0(it);
+    if constexpr (kLevel != kFeatPlain)
+      if (est.bytes)
+        stage_bias_mask<kBM, kBN, kThreads>(smem + stage * est.bytes, est, a.mask, a.scores, sh,
+                                            b, head, m0, n0, lens.q_len - m0, lens.kv_len - n0,
+                                            tid);
     const int64_t q_off = ((int64_t(b) * sh.seqlen_q + m0) * sh.num_heads + head) * sh.head_dim;
     const int rows = lens.q_len - m0;
     unsigned char* st = stage_ptr(stage);
@@ -185,9 +242,10 @@ __global__ void __launch_bounds__(Sh::kThreads, Sh::kMinBlocksPerSm)
   const float scale_log2 = a.scale * kLog2e;
 
   // Features (kLevel > 0): segment ids of this thread's two keys (phase A
-  // rows), whether dbias needs atomics, 1 / softcap.
+  // rows), the dS^T staging tile and how dbias is written, 1 / softcap.
   [[maybe_unused]] int k_seg[2] = {0, 0};
-  [[maybe_unused]] bool dbias_atomic = false;
+  [[maybe_unused]] float* dsf = reinterpret_cast<float*>(smem + Sh::kSmemBytes);
+  [[maybe_unused]] bool dbias_atomic = false, dbias_vec = false;
   [[maybe_unused]] float inv_cap = 0.f;
   if constexpr (kLevel != kFeatPlain) {
 #pragma unroll
@@ -199,6 +257,8 @@ __global__ void __launch_bounds__(Sh::kThreads, Sh::kMinBlocksPerSm)
   }
   if constexpr (kLevel == kFeatScores) {
     dbias_atomic = dbias_needs_atomics(a.scores, sh);
+    dbias_vec = reinterpret_cast<uintptr_t>(a.dbias) % 16 == 0 && sh.seqlen_k % 4 == 0 &&
+                a.scores.bias_stride_b % 4 == 0 && a.scores.bias_stride_n % 4 == 0;
     inv_cap = a.scores.softcap > 0.f ? 1.f / a.scores.softcap : 0.f;
   }
 
@@ -276,24 +336,18 @@ __global__ void __launch_bounds__(Sh::kThreads, Sh::kMinBlocksPerSm)
           q_hi[h] -= m0;
         }
       }
-      // Element offsets of (b, head) in the mask and bias.
-      [[maybe_unused]] const uint8_t* mask_bn = nullptr;
-      [[maybe_unused]] int64_t bias_bn = 0;
-      if constexpr (kLevel != kFeatPlain)
-        if (a.mask.mask != nullptr)
-          mask_bn = a.mask.mask + b * a.mask.mask_stride_b + head * a.mask.mask_stride_n;
-      if constexpr (kLevel == kFeatScores)
-        bias_bn = b * a.scores.bias_stride_b + head * a.scores.bias_stride_n;
+      // This stage's staged bias and mask ([query][key] blocks).
+      [[maybe_unused]] const unsigned char* staged = smem + stage * est.bytes;
       // Whether element e of key tile j (key half e / 2, query qc + e % 2) is
       // visible: interval, segment ids, mask.
       auto element_vis = [&](int j, int e) {
         const int q_local = qc0 + j * kMmaN + 2 * t + (e % 2);
         bool v = q_local >= q_lo[e / 2] && q_local < q_hi[e / 2];
         if constexpr (kLevel != kFeatPlain) {
-          const int64_t q = m0 + q_local, key = n0 + key_r0 + g + 8 * (e / 2);
+          if (est.mask_off >= 0)
+            v = v && staged_mask<kBN>(staged + est.mask_off, q_local, key_r0 + g + 8 * (e / 2));
           if (a.mask.q_segment_ids != nullptr && v)
-            v = a.mask.q_segment_ids[int64_t(b) * sh.seqlen_q + q] == k_seg[e / 2];
-          if (mask_bn != nullptr && v) v = mask_bn[q * sh.seqlen_k + key] != 0;
+            v = a.mask.q_segment_ids[int64_t(b) * sh.seqlen_q + m0 + q_local] == k_seg[e / 2];
         }
         return v;
       };
@@ -322,15 +376,10 @@ __global__ void __launch_bounds__(Sh::kThreads, Sh::kMinBlocksPerSm)
             ds0 = p.x * (dp0 - d0);
             ds1 = p.y * (dp1 - d1);
             if (a.dbias != nullptr) {
-              // Hidden elements have P = 0: their dS is 0 and dbias already is.
-              const int64_t at = bias_bn + int64_t(m0 + qc) * sh.seqlen_k + n0 + key_r0 + g + 8 * h;
-              if (dbias_atomic) {
-                if (p.x != 0.f) atomicAdd(a.dbias + at, ds0);
-                if (p.y != 0.f) atomicAdd(a.dbias + at + sh.seqlen_k, ds1);
-              } else {
-                if (p.x != 0.f) a.dbias[at] = ds0;
-                if (p.y != 0.f) a.dbias[at + sh.seqlen_k] = ds1;
-              }
+              // Staged for write_dbias (hidden elements: P = 0, dS = 0).
+              float* d = dsf + qc * dbias_stride<Sh>() + key_r0 + g + 8 * h;
+              d[0] = ds0;
+              d[dbias_stride<Sh>()] = ds1;
             }
             if (sc.softcap > 0.f) {
               const float2 gr = unpack2<kDt>(g_pk[j][h]);
@@ -366,8 +415,9 @@ __global__ void __launch_bounds__(Sh::kThreads, Sh::kMinBlocksPerSm)
               x = soft_cap_fast(x, sc.softcap, inv_cap);
               gr[e] = soft_cap_grad(x, sc.softcap);
             }
-            if (sc.bias != nullptr && vis)
-              x += load_bias<kDt>(sc, sh, b, head, m0 + q_local, n0 + key_r0 + g + 8 * (e / 2));
+            if (est.bias_elem && vis)
+              x += staged_bias<kDt, kBN>(staged + est.bias_off, est.bias_elem == 4, q_local,
+                                         key_r0 + g + 8 * (e / 2));
             p[e] = vis ? fast_exp2(fmaf(x, kLog2e, -lse2[q_local])) : 0.f;
           }
           p_pk[j][0] = pack2<kDt>(p[0], p[1]);
@@ -431,6 +481,41 @@ __global__ void __launch_bounds__(Sh::kThreads, Sh::kMinBlocksPerSm)
       }
     }
 
+    // kFeatScores: the tile's dS (staged in phase A) into dbias, rows of
+    // keys as 16-byte stores or vector reductions; all-zero quads (hidden
+    // elements) are skipped, dbias being zeroed already.
+    if constexpr (kLevel == kFeatScores) {
+      if (a.dbias != nullptr) {
+        constexpr int kChunks = kBN / 4;
+        const int rows = min(kBM, lens.q_len - m0), keys = min(kBN, lens.kv_len - n0);
+        float* dst0 = a.dbias + b * a.scores.bias_stride_b + head * a.scores.bias_stride_n +
+                      int64_t(m0) * sh.seqlen_k + n0;
+        for (int idx = tid; idx < kBM * kChunks; idx += kThreads) {
+          const int r = idx / kChunks, c = (idx % kChunks) * 4;
+          if (r >= rows || c >= keys) continue;
+          const float4 v = *reinterpret_cast<const float4*>(dsf + r * dbias_stride<Sh>() + c);
+          if (v.x == 0.f && v.y == 0.f && v.z == 0.f && v.w == 0.f) continue;
+          float* dst = dst0 + int64_t(r) * sh.seqlen_k + c;
+          if (dbias_vec && c + 4 <= keys) {
+            if (dbias_atomic)
+              add_quad(dst, v);
+            else
+              *reinterpret_cast<float4*>(dst) = v;
+          } else {
+            const float w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              if (c + e < keys && w[e] != 0.f) {
+                if (dbias_atomic)
+                  atomicAdd(dst + e, w[e]);
+                else
+                  dst[e] = w[e];
+              }
+          }
+        }
+      }
+    }
+
     // Phase C: 16 query rows x kCCols head columns of dQ (unscaled).
     if (a.dq_accum != nullptr) {
       constexpr int kCTiles = Sh::kCCols / kMmaN;
@@ -485,19 +570,25 @@ __global__ void __launch_bounds__(Sh::kThreads, Sh::kMinBlocksPerSm)
 template <DType kDt, class Sh, int kLevel = kFeatPlain>
 cudaError_t launch_dkdv_shape(const BwdArgs& a, cudaStream_t stream) {
   auto* kernel = attn_bwd_dkdv_kernel<kDt, Sh, kLevel>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         Sh::kSmemBytes);
+  static_assert(dkdv_smem_max_bytes<Sh, kLevel>() <= 163 * 1024, "fits sm_80 shared memory");
+  const int smem_bytes =
+      dkdv_smem_bytes<Sh, kLevel>() +
+      Sh::kStages * elem_stage<Sh::kBlockM, Sh::kBlockN>(0, a.mask, a.scores, kLevel).bytes;
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
   if (err != cudaSuccess) return err;
   const dim3 grid((a.shape.seqlen_k + Sh::kBlockN - 1) / Sh::kBlockN, a.shape.num_kv_heads,
                   a.shape.batch);
-  kernel<<<grid, Sh::kThreads, Sh::kSmemBytes, stream>>>(a);
+  kernel<<<grid, Sh::kThreads, smem_bytes, stream>>>(a);
   return cudaGetLastError();
 }
 
 template <DType kDt, int kHeadDim>
 cudaError_t run_bwd_dkdv(const BwdArgs& a, cudaStream_t stream) {
   return dispatch_feat_level(a.mask, a.scores, [&](auto level) {
-    return launch_dkdv_shape<kDt, DkdvShape<kHeadDim>, decltype(level)::value>(a, stream);
+    constexpr int kLevel = decltype(level)::value;
+    return launch_dkdv_shape<kDt, typename DkdvLevelShape<kHeadDim, kLevel>::type, kLevel>(a,
+                                                                                          stream);
   });
 }
 

@@ -78,9 +78,19 @@ __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads) attn_bwd_dq_kerne
   const int t_begin = max(n_lo, 0) / kBN;
   const int t_end = n_hi > n_lo ? (n_hi + kBN - 1) / kBN : t_begin;
 
+  // Features: the bias and mask blocks of each key tile are staged in shared
+  // memory with its K and V (score_tile.cuh), one buffer per K/V stage.
+  [[maybe_unused]] ElemStage est{};
+  if constexpr (kLevel != kFeatPlain)
+    est = elem_stage<kBM, kBN>(Sh::kSmemBytes, a.mask, a.scores, kLevel);
+
   auto load_kv = [&](int tile, int stage) {
     const int n0 = tile * kBN;
     const uint32_t dst = kv_sa + stage * 2 * Sh::kKVBytes;
+    if constexpr (kLevel != kFeatPlain)
+      if (est.bytes)
+        stage_bias_mask<kBM, kBN, kThreads>(smem + stage * est.bytes, est, a.mask, a.scores, sh,
+                                            b, head, m0, n0, rows_valid, lens.kv_len - n0, tid);
     load_tile_async<kBN, kHeadDim, kThreads>(dst, k + n0 * kv_row_stride, kv_row_stride,
                                              lens.kv_len - n0, sh.head_dim, a.k, tid);
     load_tile_async<kBN, kHeadDim, kThreads>(dst + Sh::kKVBytes, v + n0 * kv_row_stride,
@@ -115,12 +125,9 @@ __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads) attn_bwd_dq_kerne
     for (int e = 0; e < 4; ++e) dq[j][e] = 0.f;
   const float scale_log2 = a.scale * kLog2e;
 
-  // Features (kLevel > 0): per row (h), its segment id and the offsets of
-  // its mask and bias rows (rows past q_len see no key and read nothing).
+  // Features (kLevel > 0): the segment id of each row (h) (rows past q_len
+  // see no key and read nothing), 1 / softcap.
   [[maybe_unused]] int q_seg[2] = {0, 0};
-  [[maybe_unused]] const uint8_t* mask_bn = nullptr;
-  [[maybe_unused]] int64_t bias_bn = 0;
-  [[maybe_unused]] bool bias_pair = false;
   [[maybe_unused]] float inv_cap = 0.f;
   if constexpr (kLevel != kFeatPlain) {
 #pragma unroll
@@ -129,12 +136,8 @@ __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads) attn_bwd_dq_kerne
       if (a.mask.q_segment_ids != nullptr && i < lens.q_len)
         q_seg[h] = a.mask.q_segment_ids[int64_t(b) * sh.seqlen_q + i];
     }
-    if (a.mask.mask != nullptr)
-      mask_bn = a.mask.mask + b * a.mask.mask_stride_b + head * a.mask.mask_stride_n;
   }
   if constexpr (kLevel == kFeatScores) {
-    bias_bn = b * a.scores.bias_stride_b + head * a.scores.bias_stride_n;
-    bias_pair = a.scores.bias != nullptr && bias_pairs_ok(a.scores, sh.seqlen_k);
     inv_cap = a.scores.softcap > 0.f ? 1.f / a.scores.softcap : 0.f;
   }
 
@@ -200,9 +203,10 @@ __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads) attn_bwd_dq_kerne
       // derivative on dS.
       const MaskArgs& mk = a.mask;
       const ScoreArgs& sc = a.scores;
+      const unsigned char* staged = smem + stage * est.bytes;
 #pragma unroll
       for (int j = 0; j < Sh::kKeyTiles; ++j) {
-        const int c0 = n0 + j * kMmaN + 2 * t;
+        const int cl = j * kMmaN + 2 * t, c0 = n0 + cl;
         int kv_seg[2] = {0, 0};
         if (mk.q_segment_ids != nullptr) {
 #pragma unroll
@@ -217,14 +221,15 @@ __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads) attn_bwd_dq_kerne
           }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int i = m0 + warp_row0 + g + 8 * h;
-          const int64_t row_at = int64_t(i) * sh.seqlen_k;
+          const int rl = warp_row0 + g + 8 * h, i = m0 + rl;
+          const uint32_t mbits =
+              est.mask_off >= 0 ? staged_mask_pair<kBN>(staged + est.mask_off, rl, cl) : 3u;
           bool vis[2];
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            bool v = i < lens.q_len && key_visible(mk, i, c0 + e, lens.kv_len);
+            bool v = i < lens.q_len && key_visible(mk, i, c0 + e, lens.kv_len) &&
+                     ((mbits >> e) & 1u);
             if (mk.q_segment_ids != nullptr) v = v && kv_seg[e] == q_seg[h];
-            if (mask_bn != nullptr && v) v = mask_bn[row_at + c0 + e] != 0;
             vis[e] = v;
           }
           if constexpr (kLevel == kFeatMasks) {
@@ -237,8 +242,8 @@ __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads) attn_bwd_dq_kerne
             }
           } else {
             float2 bv = make_float2(0.f, 0.f);
-            if (sc.bias != nullptr)
-              bv = load_bias_pair<kDt>(sc, bias_bn + row_at + c0, bias_pair, vis[0], vis[1]);
+            if (est.bias_elem)
+              bv = staged_bias_pair<kDt, kBN>(staged + est.bias_off, est.bias_elem == 4, rl, cl);
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               float x = s[j][2 * h + e] * a.scale;
@@ -286,12 +291,20 @@ template <DType kDt, int kHeadDim, int kLevel>
 cudaError_t launch_dq_level(const BwdArgs& a, cudaStream_t stream) {
   using Sh = DqShape<kHeadDim>;
   auto* kernel = attn_bwd_dq_kernel<kDt, kHeadDim, kLevel>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         Sh::kSmemBytes);
+  static_assert(Sh::kSmemBytes +
+                        Sh::kStages * elem_stage_max_bytes<Sh::kBlockM, Sh::kBlockN>(kLevel) <=
+                    163 * 1024,
+                "fits sm_80 shared memory");
+  const int smem_bytes =
+      Sh::kSmemBytes +
+      Sh::kStages *
+          elem_stage<Sh::kBlockM, Sh::kBlockN>(Sh::kSmemBytes, a.mask, a.scores, kLevel).bytes;
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
   if (err != cudaSuccess) return err;
   const dim3 grid((a.shape.seqlen_q + Sh::kBlockM - 1) / Sh::kBlockM, a.shape.num_heads,
                   a.shape.batch);
-  kernel<<<grid, Sh::kThreads, Sh::kSmemBytes, stream>>>(a);
+  kernel<<<grid, Sh::kThreads, smem_bytes, stream>>>(a);
   return cudaGetLastError();
 }
 

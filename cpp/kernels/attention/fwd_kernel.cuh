@@ -44,6 +44,15 @@ struct FwdShape {
   static_assert(kBlockN % (2 * kMmaN) == 0, "key tiles are loaded in pairs");
 };
 
+// The feature instances' tile shapes: at H64 (Q fragments in registers)
+// and H96 (wide O accumulators) a 64-key score tile leaves no room for the
+// per-element state (it spilled); 32-key tiles fit.
+template <int kHeadDim, int kLevel>
+struct FwdLevelShape {
+  using type = std::conditional_t<kLevel != kFeatPlain && (kHeadDim == 64 || kHeadDim == 96),
+                                  FwdShape<kHeadDim, 4, 128, 32>, FwdShape<kHeadDim>>;
+};
+
 template <DType kDt, class Sh, int kLevel = kFeatPlain>
 __global__ void __launch_bounds__(Sh::kThreads) attn_fwd_kernel(const FwdArgs a) {
   constexpr int kHeadDim = Sh::kHeadDim;
@@ -94,9 +103,22 @@ __global__ void __launch_bounds__(Sh::kThreads) attn_fwd_kernel(const FwdArgs a)
                                              lens.kv_len - n0, sh.head_dim, fallback, tid);
   };
 
+  // Features: the bias and mask blocks of a key tile are staged in shared
+  // memory behind K and V (score_tile.cuh), one tile ahead of their use.
+  [[maybe_unused]] ElemStage est{};
+  if constexpr (kLevel != kFeatPlain)
+    est = elem_stage<kBM, kBN>(Sh::kSmemBytes, a.mask, a.scores, kLevel);
+  [[maybe_unused]] auto stage_tile = [&](int tile) {
+    const int c0 = tile * kBN;
+    stage_bias_mask<kBM, kBN, kThreads>(smem, est, a.mask, a.scores, sh, b, head, m0, c0,
+                                        rows_valid, lens.kv_len - c0, tid);
+  };
+
   load_tile_async<kBM, kHeadDim, kThreads>(q_sa, q, q_row_stride, rows_valid, sh.head_dim, a.q,
                                            tid);
   if (t_begin < t_end) load_kv(k_sa, k, a.k, t_begin);
+  if constexpr (kLevel != kFeatPlain)
+    if (est.bytes && t_begin < t_end) stage_tile(t_begin);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
@@ -130,12 +152,8 @@ __global__ void __launch_bounds__(Sh::kThreads) attn_fwd_kernel(const FwdArgs a)
   const float softmax_scale = prescale ? 1.f : scale_log2;
 
   // Features (kLevel > 0): segment id of each of this thread's rows (rows
-  // past q_len see no key and never read it), the (b, head) offsets of the
-  // mask and bias, and whether bias pairs can be read as one load.
+  // past q_len see no key and never read it), 1 / softcap.
   [[maybe_unused]] int q_seg[kMT][2];
-  [[maybe_unused]] const uint8_t* mask_bn = nullptr;
-  [[maybe_unused]] int64_t bias_bn = 0;
-  [[maybe_unused]] bool bias_pair = false;
   [[maybe_unused]] float inv_cap = 0.f;
   if constexpr (kLevel != kFeatPlain) {
 #pragma unroll
@@ -147,12 +165,8 @@ __global__ void __launch_bounds__(Sh::kThreads) attn_fwd_kernel(const FwdArgs a)
                            ? a.mask.q_segment_ids[int64_t(b) * sh.seqlen_q + i]
                            : 0;
       }
-    if (a.mask.mask != nullptr)
-      mask_bn = a.mask.mask + b * a.mask.mask_stride_b + head * a.mask.mask_stride_n;
   }
   if constexpr (kLevel == kFeatScores) {
-    bias_bn = b * a.scores.bias_stride_b + head * a.scores.bias_stride_n;
-    bias_pair = a.scores.bias != nullptr && bias_pairs_ok(a.scores, sh.seqlen_k);
     inv_cap = a.scores.softcap > 0.f ? 1.f / a.scores.softcap : 0.f;
   }
 
@@ -193,16 +207,17 @@ __global__ void __launch_bounds__(Sh::kThreads) attn_fwd_kernel(const FwdArgs a)
         int lo, hi;
         key_range(mk, i, i, lens.kv_len, &lo, &hi);
         if (i >= lens.q_len) hi = lo;
-        const int64_t row_at = int64_t(i) * sh.seqlen_k;
+        const int rl = warp_row0 + mt * kMmaM + g + 8 * h;  // row in the tile
 #pragma unroll
         for (int j = 0; j < Sh::kKeyTiles; ++j) {
-          const int c0 = n0 + j * kMmaN + 2 * t;
+          const int cl = j * kMmaN + 2 * t, c0 = n0 + cl;
+          const uint32_t mbits =
+              est.mask_off >= 0 ? staged_mask_pair<kBN>(smem + est.mask_off, rl, cl) : 3u;
           bool vis[2];
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            bool v = c0 + e >= lo && c0 + e < hi;
+            bool v = c0 + e >= lo && c0 + e < hi && ((mbits >> e) & 1u);
             if (mk.q_segment_ids != nullptr) v = v && kv_seg[j][e] == q_seg[mt][h];
-            if (mask_bn != nullptr && v) v = mask_bn[row_at + c0 + e] != 0;
             vis[e] = v;
           }
           float* x = s[mt][j] + 2 * h;
@@ -212,8 +227,8 @@ __global__ void __launch_bounds__(Sh::kThreads) attn_fwd_kernel(const FwdArgs a)
               if (!vis[e]) x[e] = -INFINITY;
           } else {
             float2 bv = make_float2(0.f, 0.f);
-            if (sc.bias != nullptr)
-              bv = load_bias_pair<kDt>(sc, bias_bn + row_at + c0, bias_pair, vis[0], vis[1]);
+            if (est.bias_elem)
+              bv = staged_bias_pair<kDt, kBN>(smem + est.bias_off, est.bias_elem == 4, rl, cl);
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               float v = x[e] * a.scale;
@@ -320,6 +335,11 @@ __global__ void __launch_bounds__(Sh::kThreads) attn_fwd_kernel(const FwdArgs a)
 
     cp_async_wait<1>();  // V of this tile has landed
     __syncthreads();
+    if constexpr (kLevel != kFeatPlain) {
+      // Every warp is done with this tile's bias and mask: stage the next's.
+      if (est.bytes && nt + 1 < t_end) stage_tile(nt + 1);
+      cp_async_commit();
+    }
 #pragma unroll
     for (int kk = 0; kk < Sh::kKeyTiles / 2; ++kk) {
 #pragma unroll
@@ -369,19 +389,26 @@ __global__ void __launch_bounds__(Sh::kThreads) attn_fwd_kernel(const FwdArgs a)
 template <DType kDt, class Sh, int kLevel = kFeatPlain>
 cudaError_t launch_fwd_shape(const FwdArgs& a, cudaStream_t stream) {
   auto* kernel = attn_fwd_kernel<kDt, Sh, kLevel>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         Sh::kSmemBytes);
+  static_assert(Sh::kSmemBytes + elem_stage_max_bytes<Sh::kBlockM, Sh::kBlockN>(kLevel) <=
+                    163 * 1024,
+                "fits sm_80 shared memory");
+  const int smem_bytes =
+      Sh::kSmemBytes +
+      elem_stage<Sh::kBlockM, Sh::kBlockN>(Sh::kSmemBytes, a.mask, a.scores, kLevel).bytes;
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
   if (err != cudaSuccess) return err;
   const dim3 grid((a.shape.seqlen_q + Sh::kBlockM - 1) / Sh::kBlockM, a.shape.num_heads,
                   a.shape.batch);
-  kernel<<<grid, Sh::kThreads, Sh::kSmemBytes, stream>>>(a);
+  kernel<<<grid, Sh::kThreads, smem_bytes, stream>>>(a);
   return cudaGetLastError();
 }
 
 template <DType kDt, int kHeadDim>
 cudaError_t run_fwd(const FwdArgs& a, cudaStream_t stream) {
   return dispatch_feat_level(a.mask, a.scores, [&](auto level) {
-    return launch_fwd_shape<kDt, FwdShape<kHeadDim>, decltype(level)::value>(a, stream);
+    constexpr int kLevel = decltype(level)::value;
+    return launch_fwd_shape<kDt, typename FwdLevelShape<kHeadDim, kLevel>::type, kLevel>(a, stream);
   });
 }
 

@@ -54,43 +54,6 @@ __device__ __forceinline__ float soft_cap_fast(float x, float cap, float inv_cap
   return fmaf(-2.f * cap, r, cap);
 }
 
-// Bias elements at, at + 1 (row-adjacent keys c, c + 1) as floats, for the
-// elements whose flag is set (others read as 0). One 4- or 8-byte load when
-// `pair` (bias_pairs_ok and `at` even), else up to two scalar loads.
-template <DType kDt>
-__device__ __forceinline__ float2 load_bias_pair(const ScoreArgs& sc, long long at, bool pair,
-                                                 bool v0, bool v1) {
-  using E = typename ElemOf<kDt>::type;
-  float2 r = make_float2(0.f, 0.f);
-  if (pair) {
-    if (v0 || v1) {
-      if (sc.bias_f32)
-        r = *reinterpret_cast<const float2*>(static_cast<const float*>(sc.bias) + at);
-      else
-        r = unpack2<kDt>(*reinterpret_cast<const uint32_t*>(static_cast<const E*>(sc.bias) + at));
-    }
-    return r;
-  }
-  auto one = [&](long long k) {
-    if (sc.bias_f32) return static_cast<const float*>(sc.bias)[k];
-    const E v = static_cast<const E*>(sc.bias)[k];
-    if constexpr (kDt == DType::kBF16)
-      return __bfloat162float(v);
-    else
-      return __half2float(v);
-  };
-  if (v0) r.x = one(at);
-  if (v1) r.y = one(at + 1);
-  return r;
-}
-
-// True when every (row start + even key) bias offset is pair-aligned.
-__device__ __forceinline__ bool bias_pairs_ok(const ScoreArgs& sc, int seqlen_k) {
-  const unsigned long long align = sc.bias_f32 ? 8 : 4;
-  return reinterpret_cast<unsigned long long>(sc.bias) % align == 0 && seqlen_k % 2 == 0 &&
-         sc.bias_stride_b % 2 == 0 && sc.bias_stride_n % 2 == 0;
-}
-
 // dbias needs atomics when several (b, n) add into one element: a broadcast
 // batch or head axis (stride 0) with more than one batch row or head.
 __device__ __forceinline__ bool dbias_needs_atomics(const ScoreArgs& sc, const ShapeArgs& s) {
@@ -135,6 +98,151 @@ __device__ __forceinline__ uint32_t dropout_bits_keys(const ScoreArgs& sc, int b
   v |= __shfl_xor_sync(0xffffffffu, v, 8);
   return ((v >> r) & 1u) | ((v >> (4 + r)) & 1u) << 1 | ((v >> (8 + r)) & 1u) << 2 |
          ((v >> (12 + r)) & 1u) << 3;
+}
+
+// --- Staging the bias and the boolean mask in shared memory ---------------
+// Per-element loads straight from global memory stall the softmax on their
+// latency and cost one L1 wavefront per row they touch; the kernels instead
+// copy each score tile's [rows x keys] block of the bias (16-bit or float32)
+// and of the mask (bytes) into shared memory ahead of its use. Row r of a
+// staged tile starts at r * elem_row_bytes: a 16-byte pad keeps the rows'
+// fragment reads in distinct banks.
+__host__ __device__ constexpr int elem_row_bytes(int cols, int elem) { return cols * elem + 16; }
+__host__ __device__ constexpr int elem_tile_bytes(int rows, int cols, int elem) {
+  return rows * elem_row_bytes(cols, elem);
+}
+
+// cp.async of 16 bytes of which the first src_bytes (0..16) are read, the
+// rest zero-filled.
+__device__ __forceinline__ void cp_async_partial(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+}
+
+// Copies a [kRows x kCols] block of `elem`-byte elements whose row r starts
+// at src + r * src_row_bytes (bytes) to the shared tile `dst`; rows >=
+// valid_rows and columns >= valid_cols become zeros and are not read.
+// aligned (src and src_row_bytes 16-byte aligned): cp.async, which the
+// caller commits and waits for; else plain loads and shared stores, visible
+// after the caller's next __syncthreads. `fallback`: any valid global address.
+template <int kRows, int kCols, int kThreads>
+__device__ __forceinline__ void stage_elem_tile(unsigned char* dst, const unsigned char* src,
+                                                int64_t src_row_bytes, int elem, int valid_rows,
+                                                int valid_cols, bool aligned,
+                                                const void* fallback, int tid) {
+  const int row_bytes = elem_row_bytes(kCols, elem);
+  if (aligned) {
+    const int chunks_log = __ffs(kCols * elem / 16) - 1;  // 16-byte chunks per row, log2
+    const int valid_bytes = valid_cols * elem;
+    const uint32_t dst_sa = smem_u32(dst);
+    for (int i = tid; i < (kRows << chunks_log); i += kThreads) {
+      const int r = i >> chunks_log, k = (i & ((1 << chunks_log) - 1)) * 16;
+      const int n = min(16, valid_bytes - k);
+      const bool ok = r < valid_rows && n > 0;
+      cp_async_partial(dst_sa + r * row_bytes + k, ok ? src + r * src_row_bytes + k : fallback,
+                       ok ? n : 0);
+    }
+  } else {
+    for (int i = tid; i < kRows * kCols; i += kThreads) {
+      const int r = i / kCols, c = i % kCols;
+      const bool ok = r < valid_rows && c < valid_cols;
+      const unsigned char* p = src + r * src_row_bytes + c * elem;
+      unsigned char* d = dst + r * row_bytes + c * elem;
+      if (elem == 1)
+        *d = ok ? *p : 0;
+      else if (elem == 2)
+        *reinterpret_cast<uint16_t*>(d) = ok ? *reinterpret_cast<const uint16_t*>(p) : 0;
+      else
+        *reinterpret_cast<uint32_t*>(d) = ok ? *reinterpret_cast<const uint32_t*>(p) : 0u;
+    }
+  }
+}
+
+// Where a kernel stages the bias and the mask of one score tile (offsets into
+// its dynamic shared memory, after its own tiles), with the per-(b, head)
+// global layout. Sized at launch from what the call has.
+struct ElemStage {
+  int bias_elem;         // 0: no bias, else 2 or 4 bytes
+  int bias_off, mask_off;  // byte offsets of the staged tiles (mask_off < 0: no mask)
+  int bytes;             // both tiles, per stage
+};
+
+template <int kRows, int kCols>
+__host__ __device__ inline ElemStage elem_stage(int base, const MaskArgs& m, const ScoreArgs& sc,
+                                                int level) {
+  ElemStage st{0, base, -1, 0};
+  if (level >= 2 && sc.bias != nullptr) st.bias_elem = sc.bias_f32 ? 4 : 2;
+  int off = base;
+  if (st.bias_elem) off += elem_tile_bytes(kRows, kCols, st.bias_elem);
+  if (level >= 1 && m.mask != nullptr) {
+    st.mask_off = off;
+    off += elem_tile_bytes(kRows, kCols, 1);
+  }
+  st.bytes = off - base;
+  return st;
+}
+
+// The largest per-stage size elem_stage can give.
+template <int kRows, int kCols>
+constexpr int elem_stage_max_bytes(int level) {
+  return (level >= 2 ? elem_tile_bytes(kRows, kCols, 4) : 0) +
+         (level >= 1 ? elem_tile_bytes(kRows, kCols, 1) : 0);
+}
+
+// Reads of a staged [rows x kCols] tile: bias elements (r, c), (r, c + 1)
+// (c even) as floats; mask bits of (r, c), (r, c + 1) (bit e: visible); single
+// elements.
+template <DType kDt, int kCols>
+__device__ __forceinline__ float2 staged_bias_pair(const unsigned char* tile, bool f32, int r,
+                                                   int c) {
+  if (f32) return *reinterpret_cast<const float2*>(tile + r * elem_row_bytes(kCols, 4) + c * 4);
+  return unpack2<kDt>(
+      *reinterpret_cast<const uint32_t*>(tile + r * elem_row_bytes(kCols, 2) + c * 2));
+}
+template <int kCols>
+__device__ __forceinline__ uint32_t staged_mask_pair(const unsigned char* tile, int r, int c) {
+  const uint32_t v = *reinterpret_cast<const uint16_t*>(tile + r * elem_row_bytes(kCols, 1) + c);
+  return ((v & 0xffu) != 0 ? 1u : 0u) | ((v & 0xff00u) != 0 ? 2u : 0u);
+}
+template <DType kDt, int kCols>
+__device__ __forceinline__ float staged_bias(const unsigned char* tile, bool f32, int r, int c) {
+  using E = typename ElemOf<kDt>::type;
+  if (f32) return *reinterpret_cast<const float*>(tile + r * elem_row_bytes(kCols, 4) + c * 4);
+  const E v = *reinterpret_cast<const E*>(tile + r * elem_row_bytes(kCols, 2) + c * 2);
+  if constexpr (kDt == DType::kBF16)
+    return __bfloat162float(v);
+  else
+    return __half2float(v);
+}
+template <int kCols>
+__device__ __forceinline__ bool staged_mask(const unsigned char* tile, int r, int c) {
+  return tile[r * elem_row_bytes(kCols, 1) + c] != 0;
+}
+
+// Issues the staging of the bias and mask blocks of rows [r0, r0 + kRows) x
+// keys [c0, c0 + kCols) of head n, batch b (rows < valid_rows and keys <
+// valid_cols are read) into the tiles at smem + st.bias_off / st.mask_off.
+template <int kRows, int kCols, int kThreads>
+__device__ __forceinline__ void stage_bias_mask(unsigned char* smem, const ElemStage& st,
+                                                const MaskArgs& m, const ScoreArgs& sc,
+                                                const ShapeArgs& s, int b, int n, int r0,
+                                                int c0, int valid_rows, int valid_cols, int tid) {
+  if (st.bias_elem) {
+    const int e = st.bias_elem;
+    const unsigned char* base = static_cast<const unsigned char*>(sc.bias) +
+                                (b * sc.bias_stride_b + n * sc.bias_stride_n) * e;
+    const int64_t row = int64_t(s.seqlen_k) * e;
+    const bool aligned = reinterpret_cast<uintptr_t>(base) % 16 == 0 && row % 16 == 0;
+    stage_elem_tile<kRows, kCols, kThreads>(smem + st.bias_off, base + r0 * row + int64_t(c0) * e,
+                                            row, e, valid_rows, valid_cols, aligned, sc.bias, tid);
+  }
+  if (st.mask_off >= 0) {
+    const unsigned char* base = m.mask + b * m.mask_stride_b + n * m.mask_stride_n;
+    const int64_t row = s.seqlen_k;
+    const bool aligned = reinterpret_cast<uintptr_t>(base) % 16 == 0 && row % 16 == 0;
+    stage_elem_tile<kRows, kCols, kThreads>(smem + st.mask_off, base + r0 * row + c0, row, 1,
+                                            valid_rows, valid_cols, aligned, m.mask, tid);
+  }
 }
 
 }  // namespace attn

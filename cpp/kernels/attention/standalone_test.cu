@@ -1,13 +1,17 @@
 // Standalone correctness + speed check of the CUDA attention kernels against
-// a float64 CPU reference (not part of the library build). From the repo root:
-//   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a -Icpp cpp/kernels/attention/standalone_test.cu cpp/kernels/attention/launch_fwd.cu cpp/kernels/attention/launch_bwd.cu cpp/kernels/attention/instances_hdim*.cu cpp/kernels/attention/sm90/fwd_hdim*.cu cpp/kernels/attention/sm90/bwd_hdim*.cu -lcuda -o /tmp/attn_test && /tmp/attn_test
+// a float64 CPU reference (not part of the library build). From the repo root
+// (the Hopper instances are needed by the launchers):
+//   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a -Icpp cpp/kernels/attention/standalone_test.cu cpp/kernels/attention/launch_fwd.cu cpp/kernels/attention/launch_bwd.cu cpp/kernels/attention/instances_hdim*.cu cpp/kernels/attention/sm90/fwd_hdim*.cu cpp/kernels/attention/sm90/bwd_hdim*.cu -o /tmp/attn_test && /tmp/attn_test check portable && /tmp/attn_test check
 // Arguments (any order): `check` runs the correctness cases only, `bench`
 // the timings only, `features` only the feature cases (segment ids, boolean
 // mask, soft cap, bias + dbias, dropout), `portable` forces the sm_80
 // kernels everywhere (as JAXCRAFT_ATTENTION_KERNEL=portable does; without
-// it the launcher picks the Hopper kernels where they apply), `variants`
-// adds the tile-shape comparisons. Every case prints PASS or FAIL, and the
-// last correctness line sums them up.
+// it the launcher picks the Hopper kernels where they apply: head dims 64,
+// 128, 256 and no dropout, except the deterministic dQ), `featbench` times
+// the features against the plain kernels, `shapes` the H128 dK/dV feature
+// tile shapes, `variants` adds the tile-shape comparisons to the timings.
+// Every case prints PASS or FAIL; the last correctness line sums them up and
+// lists the failed cases.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -644,6 +648,16 @@ std::vector<Case> feature_cases() {
     add(bf, H, 67, 130, "all causal br", true, 130 - 67, -1, -1, all);
     add(hf, H, 130, 67, "all2", false, 0, -1, -1, all2);
   }
+  // Rows of bias and mask 16-byte aligned (S a multiple of 16): staged with
+  // cp.async, partial chunks zero-filled at kv_len.
+  add(bf, 128, 100, 320, "bias + mask aligned causal br", true, 220, -1, -1,
+      feat([](Feat& f) { f.bias = Bcast::kFull; f.mask = Bcast::kFull; }));
+  add(hf, 64, 256, 256, "bias f32 + mask aligned lens causal", true, 0, -1, -1,
+      feat([](Feat& f) { f.bias = Bcast::kBcastN; f.bias_f32 = true; f.mask = Bcast::kBcastN; }),
+      {256, 200}, {250, 131});
+  add(bf, 256, 64, 512, "all aligned", false, 0, -1, -1, all);
+  add(bf, 32, 130, 1024, "bias f32 + mask aligned window 300/40", false, 1024 - 130, 300, 40,
+      feat([](Feat& f) { f.bias = Bcast::kFull; f.bias_f32 = true; f.mask = Bcast::kFull; }));
   // Level 1 alone (segment ids + mask, no score features) on the other buckets.
   for (int H : {32, 96, 192, 256})
     add(bf, H, 130, 130, "seg sorted + mask causal", true, 0, -1, -1,
@@ -1015,20 +1029,27 @@ void dkdv_feature_shapes(int B, int S, int N) {
     ba.dq = bp.dq, ba.dk = bp.dk, ba.dv = bp.dv, ba.delta = bp.delta, ba.dq_accum = bp.dq_accum;
     ba.dbias = d_dbias;
     using namespace jaxcraft::attn;
-    auto time_shape = [&](auto shape) {
-      using Sh = decltype(shape);
-      return time_ms([&] {
-        switch (feat_level(ba.mask, ba.scores)) {
-          case kFeatScores: return launch_dkdv_shape<DType::kBF16, Sh, kFeatScores>(ba, 0);
-          case kFeatMasks: return launch_dkdv_shape<DType::kBF16, Sh, kFeatMasks>(ba, 0);
-          default: return launch_dkdv_shape<DType::kBF16, Sh, kFeatPlain>(ba, 0);
-        }
+    // The instance the launcher runs, and for plain / mask-only launches
+    // the 64-key alternative (the score features do not fit 128 keys).
+    const int level = feat_level(ba.mask, ba.scores);
+    double t_run = 0, t_alt = 0;
+    if (level == kFeatScores) {
+      t_run = time_ms([&] {
+        return launch_dkdv_shape<DType::kBF16, DkdvLevelShape<128, kFeatScores>::type, kFeatScores>(ba, 0);
       });
-    };
-    const double t128 = time_shape(DkdvShape<128>{});
-    const double t64 = time_shape(DkdvShape<128, 8, 64, 64, 2>{});
-    std::printf("dkdv+dq H128 B%d S%d N%d causal %-26s 128 keys %.3f ms  64 keys %.3f ms\n", B, S, N,
-                var.first, t128, t64);
+    } else {
+      auto time_shape = [&](auto shape) {
+        using Sh = decltype(shape);
+        return time_ms([&] {
+          return level == kFeatMasks ? launch_dkdv_shape<DType::kBF16, Sh, kFeatMasks>(ba, 0)
+                                     : launch_dkdv_shape<DType::kBF16, Sh, kFeatPlain>(ba, 0);
+        });
+      };
+      t_run = time_shape(DkdvShape<128>{});
+      t_alt = time_shape(DkdvShape<128, 8, 64, 64, 2>{});
+    }
+    std::printf("dkdv+dq H128 B%d S%d N%d causal %-26s level %d: %.3f ms (64-key alternative %.3f ms)\n",
+                B, S, N, var.first, level, t_run, t_alt);
     for (void* p : {(void*)d_qseg, (void*)d_kvseg, (void*)d_skr, (void*)d_sqr, d_bias, (void*)d_key,
                     (void*)d_dbias})
       if (p) CHECK(cudaFree(p));
@@ -1053,6 +1074,10 @@ int main(int argc, char** argv) {
                                         : "launcher's choice (Hopper where it applies)");
   if (has_arg(argc, argv, "shapes")) {
     dkdv_feature_shapes(4, 2048, 16);
+    return 0;
+  }
+  if (has_arg(argc, argv, "featbench")) {
+    for (int H : {128, 64}) bench_features(4, 2048, 2048 / H, H);
     return 0;
   }
   const bool bench_only = has_arg(argc, argv, "bench");
