@@ -37,7 +37,7 @@ if stage standalone; then
   nvcc_attn() { nvcc -std=c++17 -O3 --expt-relaxed-constexpr -lineinfo -Icpp \
     -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a "$@"; }
   export -f nvcc_attn
-  step standalone_build bash -c "ls $att/*.cu $att/sm90/*.cu | grep -v sm90/standalone_test | xargs -P 16 -I{} bash -c \
+  step standalone_build bash -c "ls $att/*.cu $att/sm90/*.cu | xargs -P 16 -I{} bash -c \
     'nvcc_attn -c {} -o $obj/\$(echo {} | tr / _).o' && nvcc_attn $obj/*.o -o /tmp/attn_test.bin"
   step standalone_run /tmp/attn_test.bin ${STANDALONE_ARGS:-}
   JAXCRAFT_ATTENTION_KERNEL=portable step standalone_portable /tmp/attn_test.bin bench

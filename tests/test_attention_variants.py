@@ -199,6 +199,19 @@ def test_every_variant_lowers_to_the_kernel():
   assert "jaxcraft_attention_fwd_v2" in text and "jaxcraft_attention_bwd_v2" in text
 
 
+@pytest.mark.parametrize("bias_shape, kernel_dbias", [((1, 2, 16, 16), "bf16"),
+                                                      ((1, 1, 16, 16), "f32")])
+def test_dbias_dtype_of_the_kernel(bias_shape, kernel_dbias):
+  # One writer per element: the kernel writes dbias in the bias's dtype (no
+  # float32 round trip); a bias shared by the two heads sums in float32.
+  q, k, v = _qkv(1, 16, 16, 2, 2, 32, jnp.bfloat16)
+  fn = lambda b: jnp.sum(jaxcraft.dot_product_attention(q, k, v, b).astype(jnp.float32))
+  text = jax.jit(jax.grad(fn)).lower(jnp.zeros(bias_shape, jnp.bfloat16)).as_text()
+  line = next(l for l in text.splitlines() if "custom_call @jaxcraft_attention_bwd_v2" in l)
+  dims = "x".join(map(str, bias_shape))
+  assert line.rstrip().endswith(f"tensor<{dims}x{kernel_dbias}>)"), line
+
+
 def test_vmap_jit_checkpoint(platform):
   q, k, v = _qkv(2, 33, 40, 4, 2, 64, jnp.bfloat16, seed=31)
   bias = random(jax.random.key(1), (1, 4, 33, 40), jnp.bfloat16)

@@ -423,7 +423,8 @@ struct BackwardInputs {
   const float* delta;
   MaskRanges ranges;
   ScoreMods<Elem> mods;
-  float* dkdv_dbias;  // p.dbias when the dK/dV items write it, else null
+  float* dkdv_dbias;  // dbias when the dK/dV items write it, else null
+  float* dbias;       // float32 dbias: p.dbias, or scratch converted at the end
 
   const Elem* q() const { return static_cast<const Elem*>(p.q); }
   const Elem* k() const { return static_cast<const Elem*>(p.k); }
@@ -663,7 +664,7 @@ class DbiasWorker {
     }
     for (int64_t r = 0; r < rows; ++r) {
       const float* sum = &tile_[r * kBlockK];
-      std::copy(sum, sum + cols, in_.p.dbias + in_.mods.bias_row(bias_b, bias_n, i0 + r) + j0);
+      std::copy(sum, sum + cols, in_.dbias + in_.mods.bias_row(bias_b, bias_n, i0 + r) + j0);
     }
   }
 
@@ -713,11 +714,19 @@ void backward(const AttentionBwdParams& p, const TaskRunner* runner) {
   }
   compute_delta<Elem>(p, l, delta, runner);
 
-  float* dbias = p.scores.bias != nullptr ? p.dbias : nullptr;
+  // A 16-bit dbias (the bias's dtype, params.h) is summed in float32 scratch.
+  const int64_t dbias_elems = (p.scores.bias_stride_b ? l.B : 1) *
+                              (p.scores.bias_stride_n ? l.N : 1) * l.T * l.S;
+  std::vector<float> dbias_scratch;
+  float* dbias = nullptr;
+  if (p.scores.bias != nullptr && p.dbias != nullptr) {
+    if (!p.dbias_f32) dbias_scratch.resize(static_cast<size_t>(dbias_elems));
+    dbias = p.dbias_f32 ? static_cast<float*>(p.dbias) : dbias_scratch.data();
+  }
   const bool dkdv_dbias = dbias != nullptr && dbias_owned_by_dkdv(p.scores, l);
   const BackwardInputs<Elem> in{p, l, delta, MaskRanges(p.mask, l.T, l.S),
                                 ScoreMods<Elem>(p.mask, p.scores, l),
-                                dkdv_dbias ? dbias : nullptr};
+                                dkdv_dbias ? dbias : nullptr, dbias};
   // Per item: two dots and two axpys over H for every (row, key) pair.
   const double dkdv_work = static_cast<double>(l.group) * l.T * std::min(kBlockK, l.S) * l.H * 8;
   for_each_item(runner, l.B * l.K * l.num_k_blocks(), dkdv_work, [&] { return DkDvWorker<Elem>(in); });
@@ -729,6 +738,10 @@ void backward(const AttentionBwdParams& p, const TaskRunner* runner) {
     const double readers = static_cast<double>(l.B / tiles.batches) * (l.N / tiles.heads);
     const double work = readers * std::min(kBlockQ, l.T) * std::min(kBlockK, l.S) * l.H * 4;
     for_each_item(runner, tiles.count(), work, [&] { return DbiasWorker<Elem>(in, tiles); });
+  }
+  if (!dbias_scratch.empty()) {
+    Elem* out = static_cast<Elem*>(p.dbias);
+    for (int64_t i = 0; i < dbias_elems; ++i) out[i] = from_float<Elem>(dbias_scratch[i]);
   }
 }
 

@@ -163,7 +163,7 @@ ffi::ErrorOr<AttentionBwdParams> bwd_params(
     ffi::Buffer<ffi::S32> kv_lengths, const Extras& extras, ffi::Result<ffi::AnyBuffer> dq,
     ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
     ffi::Result<ffi::Buffer<ffi::F32>> delta, ffi::Result<ffi::Buffer<ffi::F32>> dq_accum,
-    ffi::Result<ffi::Buffer<ffi::F32>> dbias, float scale, const MaskAttrs& mask,
+    ffi::Result<ffi::AnyBuffer> dbias, float scale, const MaskAttrs& mask,
     const ScoreAttrs& scores, bool deterministic) {
   AttentionBwdParams p;
   if (auto e = fill_common(p, q, k, v, q_lengths, kv_lengths, extras, scale, mask, scores);
@@ -183,7 +183,13 @@ ffi::ErrorOr<AttentionBwdParams> bwd_params(
   if (p.scores.bias) {
     if (dbias->element_count() != extras.bias.element_count())
       return invalid("attention backward: dbias must have the bias's shape");
-    p.dbias = dbias->typed_data();
+    // float32, or the bias's own dtype where each element has one writer.
+    p.dbias_f32 = dbias->element_type() == ffi::F32;
+    if (!p.dbias_f32 &&
+        (dbias->element_type() != extras.bias.element_type() || dbias_shared(p.scores, p.shape)))
+      return invalid("attention backward: dbias must be float32, or the bias's dtype when the "
+                     "bias broadcasts over no batch or head axis");
+    p.dbias = dbias->untyped_data();
   }
   return p;
 }
@@ -243,7 +249,7 @@ auto bwd_binding(Binding b) {
                         .template Ret<ffi::AnyBuffer>()                        // dv
                         .template Ret<ffi::Buffer<ffi::F32>>()                 // scratch: delta
                         .template Ret<ffi::Buffer<ffi::F32>>()                 // scratch: dq_accum
-                        .template Ret<ffi::Buffer<ffi::F32>>())                // dbias (f32)
+                        .template Ret<ffi::AnyBuffer>())                       // dbias
       .template Attr<bool>("deterministic");
 }
 
@@ -264,7 +270,7 @@ auto bwd_binding(Binding b) {
       ffi::Buffer<ffi::S32> kv_lengths, JAXCRAFT_EXTRA_ARGS, ffi::Result<ffi::AnyBuffer> dq, \
       ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,                        \
       ffi::Result<ffi::Buffer<ffi::F32>> delta, ffi::Result<ffi::Buffer<ffi::F32>> dq_accum, \
-      ffi::Result<ffi::Buffer<ffi::F32>> dbias, JAXCRAFT_ATTRS, bool deterministic
+      ffi::Result<ffi::AnyBuffer> dbias, JAXCRAFT_ATTRS, bool deterministic
 #define JAXCRAFT_EXTRAS                                                                   \
   Extras{bias, mask, q_segment_ids, kv_segment_ids, segment_key_range, segment_query_range, \
          dropout_key}

@@ -128,11 +128,18 @@ def _kernel_dict(optional):
   return dict(zip(_KERNEL_OPTIONAL, optional))
 
 
-def _dbias_aval(q, bias):
-  """float32, shaped and sharded as the bias ((0,) without one)."""
-  if bias is None or not bias.size:
-    return _primitive.result_aval(q, (0,), F32)
-  return _primitive.result_aval(bias, bias.shape, F32, _primitive.row_spec(bias, bias.ndim))
+def _dbias_dtype(q, bias):
+  """The kernels' dbias dtype (params.h): the bias's own where each element
+  has one writer, float32 where several (b, n) sum into it (the bias
+  broadcasts over a batch or head axis of size > 1)."""
+  B, _, N, _ = q.shape
+  shared = (bias.shape[0] == 1 and B > 1) or (bias.shape[1] == 1 and N > 1)
+  return F32 if shared else bias.dtype
+
+
+def _dbias_aval(bias, dtype):
+  """Shaped and sharded as the bias."""
+  return _primitive.result_aval(bias, bias.shape, dtype, _primitive.row_spec(bias, bias.ndim))
 
 
 def _fwd_kernel_abstract(q, k, v, *optional, cfg):
@@ -155,8 +162,10 @@ def _bwd_kernel_abstract(q, k, v, o, lse, do, *optional, cfg):
   like = lambda a, x: _primitive.result_aval(x, a.shape, a.dtype, _primitive.row_spec(a, a.ndim))
   scratch = lambda shape: _primitive.result_aval(q, shape, F32)
   accum = (0,) if cfg.deterministic else (B, T, N, H)
-  return (like(q, q), like(k, k), like(v, v), scratch((B, N, T)), scratch(accum),
-          _dbias_aval(q, _kernel_dict(optional).get("bias")))
+  bias = _kernel_dict(optional).get("bias")
+  dbias = (_dbias_aval(bias, _dbias_dtype(q, bias)) if bias is not None and bias.size
+           else scratch((0,)))
+  return (like(q, q), like(k, k), like(v, v), scratch((B, N, T)), scratch(accum), dbias)
 
 
 def _bwd_kernel_reference(q, k, v, o, lse, do, *optional, cfg):
@@ -170,6 +179,7 @@ def _bwd_kernel_reference(q, k, v, o, lse, do, *optional, cfg):
     dbias = jnp.zeros((0,), F32)
   else:  # summed over the axes the bias broadcasts
     dbias = jnp.sum(dbias, axis=tuple(a for a in (0, 1) if x["bias"].shape[a] == 1), keepdims=True)
+    dbias = dbias.astype(_dbias_dtype(q, x["bias"]))
   return dq, dk, dv, jnp.zeros((B, N, T), F32), jnp.zeros(accum, F32), dbias
 
 
@@ -231,7 +241,11 @@ def _fwd_local(cfg, q, k, v, *optional):
 def _bwd_local(cfg, q, k, v, o, lse, do, *optional):
   dq, dk, dv, _, _, dbias = _bwd_kernel_p.bind(q, k, v, o, lse, do,
                                                *_kernel_operands(cfg, optional), cfg=cfg)
-  return [dq, dk, dv] + ([dbias] if cfg.has("bias") else [])
+  # In the bias's dtype (_bwd_abstract); a float32 sum is cast here.
+  bias = cfg.split(optional)["bias"]
+  if bias is None:
+    return [dq, dk, dv]
+  return [dq, dk, dv, dbias.astype(bias.dtype) if bias.size else jnp.zeros_like(bias)]
 
 
 def _fwd_abstract(q, k, v, *optional, cfg):
@@ -241,7 +255,7 @@ def _fwd_abstract(q, k, v, *optional, cfg):
 def _bwd_abstract(q, k, v, o, lse, do, *optional, cfg):
   outs = _bwd_kernel_abstract(q, k, v, o, lse, do, cfg=cfg)[:3]
   bias = cfg.split(optional)["bias"]
-  return list(outs) + ([_dbias_aval(q, bias)] if bias is not None else [])
+  return list(outs) + ([_dbias_aval(bias, bias.dtype)] if bias is not None else [])
 
 
 def _ring_blocks(cfg):

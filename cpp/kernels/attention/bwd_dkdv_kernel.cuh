@@ -257,7 +257,9 @@ __global__ void __launch_bounds__(Sh::kThreads, Sh::kMinBlocksPerSm)
   }
   if constexpr (kLevel == kFeatScores) {
     dbias_atomic = dbias_needs_atomics(a.scores, sh);
-    dbias_vec = reinterpret_cast<uintptr_t>(a.dbias) % 16 == 0 && sh.seqlen_k % 4 == 0 &&
+    // Four keys per store: 16 bytes (float32) or 8 (16-bit dbias) aligned.
+    dbias_vec = reinterpret_cast<uintptr_t>(a.dbias) % (a.dbias_f32 ? 16 : 8) == 0 &&
+                sh.seqlen_k % 4 == 0 &&
                 a.scores.bias_stride_b % 4 == 0 && a.scores.bias_stride_n % 4 == 0;
     inv_cap = a.scores.softcap > 0.f ? 1.f / a.scores.softcap : 0.f;
   }
@@ -482,20 +484,35 @@ __global__ void __launch_bounds__(Sh::kThreads, Sh::kMinBlocksPerSm)
     }
 
     // kFeatScores: the tile's dS (staged in phase A) into dbias, rows of
-    // keys as 16-byte stores or vector reductions; all-zero quads (hidden
-    // elements) are skipped, dbias being zeroed already.
+    // keys as 16-byte (float32) or 8-byte (16-bit) stores, or vector
+    // reductions; all-zero quads (hidden elements) are skipped, dbias being
+    // zeroed already. A 16-bit dbias has one writer per element (params.h).
     if constexpr (kLevel == kFeatScores) {
       if (a.dbias != nullptr) {
+        using E = typename ElemOf<kDt>::type;
         constexpr int kChunks = kBN / 4;
         const int rows = min(kBM, lens.q_len - m0), keys = min(kBN, lens.kv_len - n0);
-        float* dst0 = a.dbias + b * a.scores.bias_stride_b + head * a.scores.bias_stride_n +
-                      int64_t(m0) * sh.seqlen_k + n0;
+        const int64_t at0 = b * a.scores.bias_stride_b + head * a.scores.bias_stride_n +
+                            int64_t(m0) * sh.seqlen_k + n0;
         for (int idx = tid; idx < kBM * kChunks; idx += kThreads) {
           const int r = idx / kChunks, c = (idx % kChunks) * 4;
           if (r >= rows || c >= keys) continue;
           const float4 v = *reinterpret_cast<const float4*>(dsf + r * dbias_stride<Sh>() + c);
           if (v.x == 0.f && v.y == 0.f && v.z == 0.f && v.w == 0.f) continue;
-          float* dst = dst0 + int64_t(r) * sh.seqlen_k + c;
+          const int64_t at = at0 + int64_t(r) * sh.seqlen_k + c;
+          if (!a.dbias_f32) {
+            E* dst = static_cast<E*>(a.dbias) + at;
+            if (dbias_vec && c + 4 <= keys) {
+              *reinterpret_cast<uint2*>(dst) = make_uint2(pack2<kDt>(v.x, v.y), pack2<kDt>(v.z, v.w));
+            } else {
+              const float w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+              for (int e = 0; e < 4; ++e)
+                if (c + e < keys) dst[e] = static_cast<E>(w[e]);
+            }
+            continue;
+          }
+          float* dst = static_cast<float*>(a.dbias) + at;
           if (dbias_vec && c + 4 <= keys) {
             if (dbias_atomic)
               add_quad(dst, v);

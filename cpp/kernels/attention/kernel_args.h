@@ -72,8 +72,27 @@ struct BwdArgs {
   void* dv;
   float* delta;
   float* dq_accum;  // null: dK/dV kernel skips dQ (deterministic path)
-  float* dbias;     // null: no bias; else zeroed by the launcher, accumulated by the dK/dV kernel
+  void* dbias;      // null: no bias; else written (or accumulated) by the dK/dV kernel
+  int dbias_f32;    // dbias dtype: float32, or the inputs' 16-bit dtype (one writer per element)
 };
+
+// dbias needs atomics when several (b, n) add into one element: a broadcast
+// batch or head axis (stride 0) with more than one batch row or head
+// (params.h: dbias_shared).
+__host__ __device__ inline bool dbias_needs_atomics(const ScoreArgs& sc, const ShapeArgs& s) {
+  return (sc.bias_stride_b == 0 && s.batch > 1) || (sc.bias_stride_n == 0 && s.num_heads > 1);
+}
+
+// Zeroes dbias (bias elements the kernels never reach, and the sum that
+// shared elements accumulate into). Each dK/dV launch path calls it unless
+// it writes every element itself.
+inline cudaError_t zero_dbias(const BwdArgs& a, cudaStream_t stream) {
+  if (a.dbias == nullptr) return cudaSuccess;
+  const ShapeArgs& s = a.shape;
+  const long long elems = (a.scores.bias_stride_b ? s.batch : 1LL) *
+                          (a.scores.bias_stride_n ? s.num_heads : 1LL) * s.seqlen_q * s.seqlen_k;
+  return cudaMemsetAsync(a.dbias, 0, (a.dbias_f32 ? 4 : 2) * elems, stream);
+}
 
 // Defined in fwd_kernel.cuh / bwd_*.cuh, instantiated per head-dim bucket in
 // instances_hdim*.cu so the heavy kernels compile in parallel.

@@ -71,7 +71,8 @@ cudaError_t run_bwd(const AttentionBwdParams& p, attn::BwdArgs a, cudaStream_t s
   if (has_keys) {
     const bool sm90 = !p.deterministic && has_queries && attn::sm90::bwd_supports(a) &&
                       try_bwd_sm90<kDt>(a, bucket, stream, &err);
-    if (!sm90) err = dkdv_for_bucket<kDt>(a, bucket, stream);
+    if (!sm90 && (err = attn::zero_dbias(a, stream)) == cudaSuccess)
+      err = dkdv_for_bucket<kDt>(a, bucket, stream);
     if (err != cudaSuccess) return err;
   }
   if (!has_queries) return cudaSuccess;
@@ -113,12 +114,8 @@ cudaError_t launch_attention_bwd(const AttentionBwdParams& p, cudaStream_t strea
   a.delta = p.delta;
   a.scores = attn::to_score_args(p.scores);
   a.dbias = p.scores.bias ? p.dbias : nullptr;
-  if (a.dbias) {
-    const int64_t bias_elems = (a.scores.bias_stride_b ? s.batch : 1) *
-                               (a.scores.bias_stride_n ? s.num_heads : 1) * s.seqlen_q * s.seqlen_k;
-    cudaError_t err = cudaMemsetAsync(a.dbias, 0, sizeof(float) * bias_elems, stream);
-    if (err != cudaSuccess) return err;
-  }
+  a.dbias_f32 = p.dbias_f32 ? 1 : 0;
+  if (a.dbias && !a.dbias_f32 && dbias_shared(p.scores, s)) return cudaErrorInvalidValue;
   return p.dtype == DType::kBF16 ? run_bwd<DType::kBF16>(p, a, stream)
                                  : run_bwd<DType::kF16>(p, a, stream);
 }

@@ -103,12 +103,21 @@ struct AttentionBwdParams {
   // the launcher): delta [B, N, T] = rowsum(dO * O); dq_accum [B, T, N, H].
   float* delta = nullptr;
   float* dq_accum = nullptr;
-  // d(loss)/d(bias) in float32, laid out and broadcast like the bias (null
-  // when there is no bias). The kernels zero it first and accumulate into it;
-  // with a broadcast axis (stride 0) several (b, n) add into one element
-  // (atomics on CUDA; callers wanting bitwise results pass an unbroadcast
-  // bias when deterministic).
-  float* dbias = nullptr;
+  // d(loss)/d(bias), laid out and broadcast like the bias (null when there is
+  // no bias). float32 when dbias_f32, else the bias's own 16-bit dtype, which
+  // needs one writer per element (dbias_shared false). With a broadcast axis
+  // (stride 0) several (b, n) add into one element (atomics on CUDA; callers
+  // wanting bitwise results pass an unbroadcast bias when deterministic).
+  // The bias's dtype saves the f32 write and the cast after it: for a
+  // [1, N, T, S] bias that is most of the backward's extra traffic.
+  void* dbias = nullptr;
+  bool dbias_f32 = true;
 };
+
+// Whether several (b, n) share a bias element: it broadcasts over a batch or
+// head axis of size > 1.
+inline bool dbias_shared(const AttentionScores& s, const AttentionShape& shape) {
+  return (s.bias_stride_b == 0 && shape.batch > 1) || (s.bias_stride_n == 0 && shape.num_heads > 1);
+}
 
 }  // namespace jaxcraft

@@ -54,12 +54,6 @@ __device__ __forceinline__ float soft_cap_fast(float x, float cap, float inv_cap
   return fmaf(-2.f * cap, r, cap);
 }
 
-// dbias needs atomics when several (b, n) add into one element: a broadcast
-// batch or head axis (stride 0) with more than one batch row or head.
-__device__ __forceinline__ bool dbias_needs_atomics(const ScoreArgs& sc, const ShapeArgs& s) {
-  return (sc.bias_stride_b == 0 && s.batch > 1) || (sc.bias_stride_n == 0 && s.num_heads > 1);
-}
-
 __device__ __forceinline__ uint32_t keep_nibble(const Philox4& w, uint32_t threshold) {
   return uint32_t(w.x[0] >= threshold) | uint32_t(w.x[1] >= threshold) << 1 |
          uint32_t(w.x[2] >= threshold) << 2 | uint32_t(w.x[3] >= threshold) << 3;

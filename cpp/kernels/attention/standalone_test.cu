@@ -53,6 +53,7 @@ struct Feat {
   float softcap = 0.f;
   Bcast bias = Bcast::kNone;
   bool bias_f32 = false;
+  bool dbias16 = false;  // dbias in the bias's 16-bit dtype (one writer per element)
   Seg seg = Seg::kNone;
   Bcast mask = Bcast::kNone;
   float dropout = 0.f;
@@ -452,7 +453,10 @@ bool run_case(const Case& c, std::mt19937& rng) {
   scores.dropout_rate = c.f.dropout;
   scores.dropout_key = d_key;
   scores.dropout_broadcast = c.f.dropout_bcast;
-  float* d_dbias = x.bias.empty() ? nullptr : to_device(std::vector<float>(x.bias_l.elems, NAN));
+  // Poisoned: every element must be written (or zeroed by the launcher).
+  void* d_dbias = x.bias.empty() ? nullptr
+                  : c.f.dbias16 ? static_cast<void*>(to_device(std::vector<uint16_t>(x.bias_l.elems, 0xffff)))
+                                : static_cast<void*>(to_device(std::vector<float>(x.bias_l.elems, NAN)));
 
   uint16_t *dq_ = to_device(q.bits), *dk_ = to_device(k.bits), *dv_ = to_device(v.bits),
            *ddo = to_device(d_o.bits);
@@ -512,6 +516,7 @@ bool run_case(const Case& c, std::mt19937& rng) {
     bp.delta = delta;
     bp.dq_accum = acc;
     bp.dbias = d_dbias;
+    bp.dbias_f32 = !c.f.dbias16;
     CHECK(jaxcraft::launch_attention_bwd(bp, 0));
     CHECK(cudaDeviceSynchronize());
     const double e_dq = rel_err(to_host(gq, nq), ref.dq, c.dt, &nan);
@@ -520,7 +525,10 @@ bool run_case(const Case& c, std::mt19937& rng) {
     std::printf(" | %s dq %.2e dk %.2e dv %.2e", det ? "det" : "atom", e_dq, e_dk, e_dv);
     ok = ok && !nan && e_dq < kTol && e_dk < kTol && e_dv < kTol;
     if (d_dbias) {
-      const double e_db = rel_err(to_host(d_dbias, x.bias_l.elems), ref.dbias, &nan);
+      const double e_db =
+          c.f.dbias16
+              ? rel_err(to_host(static_cast<uint16_t*>(d_dbias), x.bias_l.elems), ref.dbias, c.dt, &nan)
+              : rel_err(to_host(static_cast<float*>(d_dbias), x.bias_l.elems), ref.dbias, &nan);
       std::printf(" dbias %.2e", e_db);
       ok = ok && !nan && e_db < kTol;
     }
@@ -603,6 +611,14 @@ std::vector<Case> feature_cases() {
       feat([](Feat& f) { f.bias = Bcast::kFull; }), {}, {}, 1, 2, 1);
   add(hf, 64, 129, 129, "bias bcast-n B1 MQA", false, 0, -1, -1,
       feat([](Feat& f) { f.bias = Bcast::kBcastN; }), {}, {}, 1, 4, 1);
+  // dbias in the bias's 16-bit dtype: causal and lengths leave query tiles
+  // unvisited (the Hopper kernel zeroes them itself, poisoned here).
+  const Feat full16 = feat([](Feat& f) { f.bias = Bcast::kFull; f.dbias16 = true; });
+  add(bf, 128, 300, 300, "bias full dbias16 causal", true, 0, -1, -1, full16);
+  add(hf, 64, 200, 130, "bias full dbias16 lens", false, 0, -1, -1, full16, {150, 7}, {130, 60});
+  add(bf, 256, 67, 130, "bias full dbias16 softcap 5", false, 0, -1, -1,
+      feat([](Feat& f) { f.bias = Bcast::kFull; f.dbias16 = true; f.softcap = 5.f; }));
+  add(bf, 128, 129, 129, "bias [1,N] dbias16 B1 GQA", true, 0, -1, -1, full16, {}, {}, 1, 4, 2);
   // Boolean mask (one row sees no key).
   add(bf, 64, 67, 130, "mask full", false, 0, -1, -1, feat([](Feat& f) { f.mask = Bcast::kFull; }));
   add(hf, 128, 130, 67, "mask bcast-n causal br", true, 67 - 130, -1, -1,
@@ -1028,6 +1044,7 @@ void dkdv_feature_shapes(int B, int S, int N) {
     ba.q = bp.q, ba.k = bp.k, ba.v = bp.v, ba.o = bp.o, ba.d_o = bp.d_o, ba.lse = bp.lse;
     ba.dq = bp.dq, ba.dk = bp.dk, ba.dv = bp.dv, ba.delta = bp.delta, ba.dq_accum = bp.dq_accum;
     ba.dbias = d_dbias;
+    ba.dbias_f32 = 1;
     using namespace jaxcraft::attn;
     // The instance the launcher runs, and for plain / mask-only launches
     // the 64-key alternative (the score features do not fit 128 keys).

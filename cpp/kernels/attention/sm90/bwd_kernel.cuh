@@ -107,6 +107,11 @@ struct BwdSm90Args {
   CUtensorMap dk_map, dv_map;  // box 64 rows (one consumer warpgroup)
   BwdArgs a;
   CUtensorMap bias_map;  // kBias instances: box 64 query rows x 128 bytes of keys
+  // kBias with one writer per dbias element in the bias's dtype: each step's
+  // dS goes into the stage's bias tile (same layout) and out by TMA store;
+  // the kernel then writes every element (no memset).
+  CUtensorMap dbias_map;
+  int dbias_tma;
 };
 
 // kFeat (features.cuh): kPlain, or the instances that add segment ids and
@@ -331,9 +336,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const void* bias = a.scores.bias;
     const bool f32 = a.scores.bias_f32;
     const long long bias_h = b * a.scores.bias_stride_b + h * a.scores.bias_stride_n;
-    float* dbias = a.dbias != nullptr && (!Cfg::kSplitD || c == 0) ? a.dbias + bias_h : nullptr;
-    const bool dbias_atomic = (a.scores.bias_stride_b == 0 && sh.batch > 1) ||
-                              (a.scores.bias_stride_n == 0 && sh.num_heads > 1);
+    const bool write_dbias = a.dbias != nullptr && (!Cfg::kSplitD || c == 0);
+    const bool dbias_atomic = dbias_needs_atomics(a.scores, sh);
+    using E = typename ElemOf<kDt>::type;
     const int key_base = n0 + thread_key0;
     // kDropout: key k of query q is word k % 4 (= g % 4 here) of Philox
     // block (k / 4, q). The four lanes g & ~3 + {0..3} (same t) need the
@@ -373,14 +378,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           const int q = m0 + 8 * j + 2 * t + e, key = key_base + 8 * h2;
           const float xc = capped_logit(st[j][2 * h2 + e], a.scale, cap, inv_cap);
           float x = xc;
+          [[maybe_unused]] uint32_t at = 0;
           if constexpr (kFeat == kBias) {
             // From the stage's tile, conflict-free: a warp access reads
             // 4 query rows x one chunk of keys (two for float32), which
             // the swizzle puts on distinct banks. (ldmatrix.trans would
             // fetch 16-bit pairs in a quarter of the instructions, but its
             // registers, held across the pass, cost 176 bytes of spills.)
-            const uint32_t at = bias_tile_addr(bias_tile(s), kBM, f32, 8 * j + 2 * t + e,
-                                               thread_key0 + 8 * h2);
+            at = bias_tile_addr(bias_tile(s), kBM, f32, 8 * j + 2 * t + e, thread_key0 + 8 * h2);
             if (f32) {
               float v;
               asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(at));
@@ -409,12 +414,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             st[j][2 * h2 + e] = pv * keep;
           }
           float ds = pv * (dp - (e ? d2.y : d2.x));
-          if (dbias != nullptr && q < sh.seqlen_q && key < sh.seqlen_k) {
-            float* at = dbias + static_cast<long long>(q) * sh.seqlen_k + key;
-            if (!dbias_atomic)
-              *at = ds;
-            else if (ds != 0.f)
-              atomicAdd(at, ds);
+          if (!write_dbias) {
+          } else if (kFeat == kBias && p.dbias_tma) {  // in place of the bias element
+            if (f32)
+              asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(at), "f"(ds) : "memory");
+            else
+              asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(at),
+                           "h"(static_cast<unsigned short>(pack2<kDt>(ds, 0.f))) : "memory");
+          } else if (q < sh.seqlen_q && key < sh.seqlen_k) {
+            const long long off = bias_h + static_cast<long long>(q) * sh.seqlen_k + key;
+            if (dbias_atomic) {
+              if (ds != 0.f) atomicAdd(static_cast<float*>(a.dbias) + off, ds);
+            } else if (a.dbias_f32) {
+              static_cast<float*>(a.dbias)[off] = ds;
+            } else {
+              static_cast<E*>(a.dbias)[off] = static_cast<E>(ds);
+            }
           }
           if (cap > 0.f) ds *= 1.f - (xc * inv_cap) * (xc * inv_cap);
           if constexpr (kFeat != kDropout) st[j][2 * h2 + e] = pv;
@@ -422,6 +437,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
     }
   };
+
+  // kBias with dbias_tma: TMA stores of this warpgroup's 64 keys (128-byte
+  // column blocks) of query tile mt, head h, from `tile` (the stage's bias
+  // tile, now holding dS, or a zeroed one); thread ct == 0 issues them.
+  [[maybe_unused]] auto store_dbias = [&](uint32_t tile, int mt, int h, bool zeros) {
+    const int block_keys = a.scores.bias_f32 ? 32 : 64;
+    const int bn = a.scores.bias_stride_n ? h : 0, bb = a.scores.bias_stride_b ? b : 0;
+    for (int cb = wg_key0 / block_keys; cb < (wg_key0 + kWgmmaM) / block_keys; ++cb)
+      tma_store_4d(&p.dbias_map, tile + (zeros ? 0 : cb * kBM * kSwizzleRowBytes),
+                   n0 + cb * block_keys, mt * kBM, bn, bb);
+  };
+  [[maybe_unused]] const bool dbias_storer =
+      kFeat == kBias && p.dbias_tma && ct == 0 && (!Cfg::kSplitD || c == 0);
 
   mbar_wait(ring.once(), 0);
   int it = 0;
@@ -546,11 +574,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         named_barrier_sync(2 + c, kWarpgroupThreads);
       else
         named_barrier_sync(1, Cfg::kConsumers * kWarpgroupThreads);
+      if constexpr (kFeat == kBias) {
+        if (dbias_storer) {  // the warpgroup's dS is in the tile (fenced before the barrier)
+          store_dbias(bias_tile(s), mt, h, false);
+          tma_store_commit();
+        }
+      }
       wgmma_wait<0>();
       fence_operands(dk);
       fence_operands(dv);
       fence_operands(pa);
       fence_operands(dsa);
+      // The stage is free once the dbias stores have read it.
+      if constexpr (kFeat == kBias)
+        if (dbias_storer) tma_store_wait_read();
       // Every consumer thread arrives: each has read this stage's lse and
       // delta with ordinary loads, and its own arrive releases them.
       mbar_arrive(ring.empty(s));
@@ -603,6 +640,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // (which reads all of K) is done once both pass the barrier; then each
   // stages its 64 rows of dK and dV over its own rows of K and V and stores.
   named_barrier_sync(1, Cfg::kConsumers * kWarpgroupThreads);
+  // kBias with dbias_tma: query tiles this CTA never visits (outside
+  // [mt_begin, mt_end): hidden by causal, window, lengths or segment
+  // ranges) get zeros, from a zeroed block of this warpgroup's dS^T buffer.
+  [[maybe_unused]] const uint32_t zero_tile = ds_sa + c * Cfg::kDsBytes;
+  if constexpr (kFeat == kBias) {
+    if (p.dbias_tma)
+      for (int i = ct; i < kBM * kSwizzleRowBytes / 16; i += kWarpgroupThreads)
+        asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(zero_tile + 16 * i), "r"(0)
+                     : "memory");
+  }
 #pragma unroll
   for (int j = 0; j < kAcc / 8; ++j) {
     const int cb = acc_cb0 + j / 8, chunk = j % 8;
@@ -619,6 +666,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   fence_proxy_async();
   named_barrier_sync(2 + c, kWarpgroupThreads);
   if (ct == 0 && n0 + wg_key0 < sh.seqlen_k) {
+    if constexpr (kFeat == kBias) {
+      if (dbias_storer) {
+        const int q_tiles = (sh.seqlen_q + kBM - 1) / kBM;
+        for (int h = kv_head * group; h < (kv_head + 1) * group; ++h)
+          for (int mt = 0; mt < q_tiles; ++mt)
+            if (mt < mt_begin || mt >= mt_end) store_dbias(zero_tile, mt, h, true);
+      }
+    }
 #pragma unroll
     for (int cb = acc_cb0; cb < acc_cb0 + kAcc / kSwizzleCols; ++cb) {
       const uint32_t off = cb * col_block_bytes<kBN>() + wg_key0 * kSwizzleRowBytes;
@@ -653,12 +708,22 @@ cudaError_t launch_bwd_sm90(const BwdArgs& a, cudaStream_t stream,
     return cudaErrorInvalidValue;
   auto* kernel = attn_bwd_sm90_kernel<kDt, Cfg, kFeat>;
   const int smem = kFeat == kBias ? Cfg::bias_smem_bytes(a.scores.bias_f32) : Cfg::kSmemBytes;
+  p.dbias_tma = 0;
   if (kFeat == kBias) {
     if (bias_map == nullptr || smem > 227 * 1024) return cudaErrorInvalidValue;
     p.bias_map = *bias_map;
+    // dS leaves through the bias tiles when dbias has the bias's layout and
+    // dtype and one writer per element.
+    if (a.dbias != nullptr && !dbias_needs_atomics(a.scores, s) &&
+        (a.dbias_f32 != 0) == (a.scores.bias_f32 != 0)) {
+      ScoreArgs d = a.scores;
+      d.bias = a.dbias;
+      p.dbias_tma = encode_bias_map(&p.dbias_map, d, s, kDt, Cfg::kBlockM);
+    }
   }
-  cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  cudaError_t err = p.dbias_tma ? cudaSuccess : zero_dbias(a, stream);
+  if (err != cudaSuccess) return err;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid((s.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, s.num_kv_heads, s.batch);
   kernel<<<grid, Cfg::kThreads, smem, stream>>>(p);

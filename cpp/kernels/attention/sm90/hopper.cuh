@@ -162,9 +162,17 @@ __device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, uint32_t sr
       : "memory");
 }
 
-__device__ __forceinline__ void tma_store_commit_and_wait() {
+__device__ __forceinline__ void tma_store_commit() {
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Until every committed store has read its shared memory (which may then be
+// overwritten); the global writes may still be in flight.
+__device__ __forceinline__ void tma_store_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void tma_store_commit_and_wait() {
+  tma_store_commit();
+  tma_store_wait_read();
 }
 
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
