@@ -10,10 +10,11 @@
 //   dQ += dS K  (dS^T staged in shared memory; fp32 red.add into dq_accum)
 // The deterministic path stays on the portable kernels. Segment ids, the
 // boolean mask, soft cap, bias and dropout run in separate instances of the
-// same kernel (kFeat, features.cuh); with soft cap, bias or dropout
-// (kScores and up) a step waits for both S^T and dP^T and forms P^T and
-// dS^T in one pass, which needs no registers for the soft-cap gradient or
-// the keep mask between the two.
+// same kernel (kFeat, features.cuh); with soft cap or dropout, or a bias
+// TMA cannot load (kScores, kDropout) a step waits for both S^T and dP^T
+// and forms P^T and dS^T in one pass, which needs no registers for the
+// soft-cap gradient or the keep mask between the two. kBias (bias tiles by
+// TMA, no soft cap) keeps the plain overlap: P^T while dP^T runs.
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -124,6 +125,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #ifdef JAXCRAFT_SM90A_ENABLED
   constexpr int kD = Cfg::kHeadDim, kBM = Cfg::kBlockM, kBN = Cfg::kBlockN;
   constexpr int kStages = Cfg::kStages, kCB = Cfg::kColBlocks;
+  // Soft cap and dropout form P^T and dS^T in one pass after both products
+  // (score_step); the others, kBias included, form P^T while dP^T runs.
+  constexpr bool kFused = kFeat == kScores || kFeat == kDropout;
   const BwdArgs& a = p.a;
   const ShapeArgs& sh = a.shape;
 
@@ -322,13 +326,65 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     return vis;
   };
 
-  // kScores and up: P^T (dropped and rescaled under kDropout) into st and
+  // kBias: the bias element of tile row r (query), CTA key column kc, from
+  // the stage's TMA-loaded tile; *at is its shared address, where dS goes
+  // back. Conflict-free: a warp access reads 4 query rows x one chunk of
+  // keys (two for float32), which the swizzle puts on distinct banks.
+  // (ldmatrix.trans would fetch 16-bit pairs in a quarter of the
+  // instructions, but its registers, held across the pass, spilled.)
+  // The address of fragment element (j, 2 h2 + e) is bias_tile(s) +
+  // bias_off[h2][e] + j * 8 rows: the swizzle depends on the row mod 8 only,
+  // so four offsets serve every j (and stay the only live addresses).
+  [[maybe_unused]] uint32_t bias_off[2][2] = {};
+  if constexpr (kFeat == kBias)
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        bias_off[h2][e] = bias_tile_addr(0, kBM, a.scores.bias_f32, 2 * t + e, thread_key0 + 8 * h2);
+  [[maybe_unused]] auto bias_elem_addr = [&](int s, int j, int h2, int e) {
+    return bias_tile(s) + bias_off[h2][e] + j * 8 * kSwizzleRowBytes;
+  };
+  [[maybe_unused]] auto tile_bias = [&](uint32_t at) -> float {
+    if (a.scores.bias_f32) {
+      float v;
+      asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(at));
+      return v;
+    }
+    unsigned short v;
+    asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(at));
+    return unpack2<kDt>(v).x;
+  };
+
+  // dS of element (query q, key) into dbias (score features only): with
+  // dbias_tma into the stage's bias tile at `at` (in place of the bias
+  // element; the tile leaves by TMA store), else a global store, or an
+  // atomic add where several (b, n) share the element. With kSplitD both
+  // warpgroups compute the same dS and the first one writes it.
+  [[maybe_unused]] auto put_dbias = [&](uint32_t at, long long bias_h, int q, int key, float ds) {
+    if (a.dbias == nullptr || (Cfg::kSplitD && c != 0)) return;
+    if (kFeat == kBias && p.dbias_tma) {
+      if (a.scores.bias_f32)
+        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(at), "f"(ds) : "memory");
+      else
+        asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(at),
+                     "h"(static_cast<unsigned short>(pack2<kDt>(ds, 0.f))) : "memory");
+    } else if (q < sh.seqlen_q && key < sh.seqlen_k) {
+      const long long off = bias_h + static_cast<long long>(q) * sh.seqlen_k + key;
+      if (dbias_needs_atomics(a.scores, sh)) {
+        if (ds != 0.f) atomicAdd(static_cast<float*>(a.dbias) + off, ds);
+      } else if (a.dbias_f32) {
+        static_cast<float*>(a.dbias)[off] = ds;
+      } else {
+        static_cast<typename ElemOf<kDt>::type*>(a.dbias)[off] =
+            static_cast<typename ElemOf<kDt>::type>(ds);
+      }
+    }
+  };
+
+  // kScores and kDropout: P^T (dropped and rescaled under kDropout) into st and
   // dS^T (times the soft-cap gradient) into dpt in one pass, once both
-  // products are in; dS itself goes to dbias. dbias is
-  // a plain store unless several (b, n) share an element (a broadcast bias:
-  // GQA heads of one KV head visit it in turn, other KV heads and batch
-  // rows run in other CTAs); with kSplitD both warpgroups compute the same
-  // dS and the first one writes it.
+  // products are in; dS itself goes to dbias.
   [[maybe_unused]] auto score_step = [&](int s, int m0, int h, bool partial,
                                          float (&st)[kBM / 8][4], float (&dpt)[kBM / 8][4]) {
     const uint32_t vis = visibility(s, m0, h);
@@ -336,9 +392,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const void* bias = a.scores.bias;
     const bool f32 = a.scores.bias_f32;
     const long long bias_h = b * a.scores.bias_stride_b + h * a.scores.bias_stride_n;
-    const bool write_dbias = a.dbias != nullptr && (!Cfg::kSplitD || c == 0);
-    const bool dbias_atomic = dbias_needs_atomics(a.scores, sh);
-    using E = typename ElemOf<kDt>::type;
     const int key_base = n0 + thread_key0;
     // kDropout: key k of query q is word k % 4 (= g % 4 here) of Philox
     // block (k / 4, q). The four lanes g & ~3 + {0..3} (same t) need the
@@ -378,24 +431,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           const int q = m0 + 8 * j + 2 * t + e, key = key_base + 8 * h2;
           const float xc = capped_logit(st[j][2 * h2 + e], a.scale, cap, inv_cap);
           float x = xc;
-          [[maybe_unused]] uint32_t at = 0;
-          if constexpr (kFeat == kBias) {
-            // From the stage's tile, conflict-free: a warp access reads
-            // 4 query rows x one chunk of keys (two for float32), which
-            // the swizzle puts on distinct banks. (ldmatrix.trans would
-            // fetch 16-bit pairs in a quarter of the instructions, but its
-            // registers, held across the pass, cost 176 bytes of spills.)
-            at = bias_tile_addr(bias_tile(s), kBM, f32, 8 * j + 2 * t + e, thread_key0 + 8 * h2);
-            if (f32) {
-              float v;
-              asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(at));
-              x += v;
-            } else {
-              unsigned short v;
-              asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(at));
-              x += unpack2<kDt>(v).x;
-            }
-          } else if (bias != nullptr) {
+          if (bias != nullptr) {
             x += bias_at<kDt>(bias, f32,
                               bias_h + static_cast<long long>(min(q, sh.seqlen_q - 1)) * sh.seqlen_k +
                                   min(key, sh.seqlen_k - 1));
@@ -414,23 +450,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             st[j][2 * h2 + e] = pv * keep;
           }
           float ds = pv * (dp - (e ? d2.y : d2.x));
-          if (!write_dbias) {
-          } else if (kFeat == kBias && p.dbias_tma) {  // in place of the bias element
-            if (f32)
-              asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(at), "f"(ds) : "memory");
-            else
-              asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(at),
-                           "h"(static_cast<unsigned short>(pack2<kDt>(ds, 0.f))) : "memory");
-          } else if (q < sh.seqlen_q && key < sh.seqlen_k) {
-            const long long off = bias_h + static_cast<long long>(q) * sh.seqlen_k + key;
-            if (dbias_atomic) {
-              if (ds != 0.f) atomicAdd(static_cast<float*>(a.dbias) + off, ds);
-            } else if (a.dbias_f32) {
-              static_cast<float*>(a.dbias)[off] = ds;
-            } else {
-              static_cast<E*>(a.dbias)[off] = static_cast<E>(ds);
-            }
-          }
+          put_dbias(0, bias_h, q, key, ds);
           if (cap > 0.f) ds *= 1.f - (xc * inv_cap) * (xc * inv_cap);
           if constexpr (kFeat != kDropout) st[j][2 * h2 + e] = pv;
           dpt[j][2 * h2 + e] = ds;
@@ -475,7 +495,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         wgmma_ss<kDt, kBM>(dpt, smem_desc(v_sa + off, 0), smem_desc(do_tile(s) + qoff, 0), k > 0);
       }
       wgmma_commit();
-      if constexpr (kFeat >= kScores) {
+      if constexpr (kFused) {
         wgmma_wait<0>();
         fence_operands(st);
         fence_operands(dpt);
@@ -489,10 +509,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const int key0 = n0 + wg_key0;
       const bool partial = tile_is_partial(a.mask, m0, m0 + kBM - 1, key0, key0 + kWgmmaM - 1,
                                            lens.kv_len);
-      if constexpr (kFeat >= kScores) {
+      if constexpr (kFused) {
         score_step(s, m0, h, partial, st, dpt);
       } else {
-        const uint32_t vis = kFeat == kMasks ? visibility(s, m0, h) : ~0u;
+        const uint32_t vis = kFeat == kMasks || kFeat == kBias ? visibility(s, m0, h) : ~0u;
 #pragma unroll
         for (int j = 0; j < kBM / 8; ++j) {
           float2 l2;
@@ -503,12 +523,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           for (int h2 = 0; h2 < 2; ++h2)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-              const float l = e ? l2.y : l2.x;
+              float l = e ? l2.y : l2.x;
+              if constexpr (kFeat == kBias)  // exponent x log2 e - lse log2 e, x = scale s + bias
+                l = fmaf(-tile_bias(bias_elem_addr(s, j, h2, e)), kLog2e, l);
               float pv = fast_exp2(fmaf(st[j][2 * h2 + e], scale_log2, -l));
               if (partial && !key_visible(a.mask, m0 + 8 * j + 2 * t + e, n0 + thread_key0 + 8 * h2,
                                           lens.kv_len))
                 pv = 0.f;
-              if (kFeat == kMasks && !((vis >> (4 * j + 2 * h2 + e)) & 1u)) pv = 0.f;
+              if ((kFeat == kMasks || kFeat == kBias) && !((vis >> (4 * j + 2 * h2 + e)) & 1u))
+                pv = 0.f;
               st[j][2 * h2 + e] = pv;
             }
         }
@@ -523,10 +546,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                             smem_desc(do_tile(s) + acc_cb0 * col_block_bytes<kBM>() +
                                           kk * kWgmmaK * kSwizzleRowBytes, col_block_bytes<kBM>()));
       wgmma_commit();
-      if constexpr (kFeat < kScores) {
+      if constexpr (!kFused) {
         wgmma_wait<1>();  // dP^T is in; dV += P^T dO may still run
         fence_operands(dpt);
 
+        [[maybe_unused]] const long long bias_h =
+            b * a.scores.bias_stride_b + h * a.scores.bias_stride_n;
 #pragma unroll
         for (int j = 0; j < kBM / 8; ++j) {
           float2 d2;
@@ -537,13 +562,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           for (int h2 = 0; h2 < 2; ++h2) {
             st[j][2 * h2] *= dpt[j][2 * h2] - d2.x;
             st[j][2 * h2 + 1] *= dpt[j][2 * h2 + 1] - d2.y;
+            if constexpr (kFeat == kBias) {  // dbias = dS
+#pragma unroll
+              for (int e = 0; e < 2; ++e)
+                put_dbias(bias_elem_addr(s, j, h2, e), bias_h, m0 + 8 * j + 2 * t + e,
+                          n0 + thread_key0 + 8 * h2, st[j][2 * h2 + e]);
+            }
           }
         }
       }
       uint32_t dsa[kBM / 16][4];
 #pragma unroll
       for (int kk = 0; kk < kBM / 16; ++kk) {
-        if constexpr (kFeat >= kScores)  // score_step left dS^T in dpt
+        if constexpr (kFused)  // score_step left dS^T in dpt
           acc_to_a<kDt>(dsa[kk], dpt[2 * kk], dpt[2 * kk + 1]);
         else
           acc_to_a<kDt>(dsa[kk], st[2 * kk], st[2 * kk + 1]);
@@ -739,11 +770,13 @@ cudaError_t run_bwd_sm90(const BwdArgs& a, cudaStream_t stream) {
     case kDropout: return launch_bwd_sm90<kDt, Cfg, kDropout>(a, stream);
     default: {
       // The bias through TMA when it can be (features.cuh:
-      // encode_bias_map) and its tiles fit, else read per element.
+      // encode_bias_map) and its tiles fit, else read per element; with the
+      // soft cap, whose gradient needs the capped logits after dP^T, the
+      // fused kScores pass.
       using BiasCfg = typename BwdBiasTiles<kHeadDim>::type;
       if constexpr (BiasCfg::bias_smem_bytes(false) <= 227 * 1024) {
         CUtensorMap bias_map;
-        if (a.scores.bias != nullptr &&
+        if (a.scores.bias != nullptr && a.scores.softcap == 0.f &&
             BiasCfg::bias_smem_bytes(a.scores.bias_f32) <= 227 * 1024 &&
             encode_bias_map(&bias_map, a.scores, a.shape, kDt, BiasCfg::kBlockM))
           return launch_bwd_sm90<kDt, BiasCfg, kBias>(a, stream, &bias_map);

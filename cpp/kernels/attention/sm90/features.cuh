@@ -34,7 +34,7 @@ enum FeatureLevel : int {
   kPlain = 0,   // lengths, causal and window masks only
   kMasks = 1,   // + segment ids and the boolean mask
   kScores = 2,  // + soft cap and bias (bias read per element from global memory)
-  kBias = 3,    // as kScores, the bias tiles loaded by TMA into the ring stages
+  kBias = 3,    // the bias tiles loaded by TMA into the ring stages (backward: no soft cap)
   kDropout = 4, // kScores + dropout
 };
 
