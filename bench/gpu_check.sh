@@ -54,6 +54,16 @@ if stage sanitize; then
       --error-exitcode 1 python3 bench/sanitize_cases.py "$OPS"
   done
 fi
+if stage sanitize_standalone; then
+  # The attention feature kernels (both routes) outside JAX, small cases:
+  # run the standalone stage first (it builds /tmp/attn_test.bin).
+  for route in "" portable; do
+    for tool in memcheck racecheck synccheck; do
+      step "sanitize_standalone_${tool}${route:+_$route}" compute-sanitizer --tool "$tool" \
+        --error-exitcode 1 /tmp/attn_test.bin features small $route
+    done
+  done
+fi
 if stage bench; then
   step bench python3 bench/run.py --ops "$OPS" --out "$OUT"
 fi

@@ -4,7 +4,8 @@
 //   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a -Icpp cpp/kernels/attention/standalone_test.cu cpp/kernels/attention/launch_fwd.cu cpp/kernels/attention/launch_bwd.cu cpp/kernels/attention/instances_hdim*.cu cpp/kernels/attention/sm90/fwd_hdim*.cu cpp/kernels/attention/sm90/bwd_hdim*.cu -o /tmp/attn_test && /tmp/attn_test check portable && /tmp/attn_test check
 // Arguments (any order): `check` runs the correctness cases only, `bench`
 // the timings only, `features` only the feature cases (segment ids, boolean
-// mask, soft cap, bias + dbias, dropout), `portable` forces the sm_80
+// mask, soft cap, bias + dbias, dropout; with `small`, sequences up to 300
+// only, for compute-sanitizer), `portable` forces the sm_80
 // kernels everywhere (as JAXCRAFT_ATTENTION_KERNEL=portable does; without
 // it the launcher picks the Hopper kernels where they apply: head dims 64,
 // 128, 256 and no dropout, except the deterministic dQ), `featbench` times
@@ -1104,7 +1105,10 @@ int main(int argc, char** argv) {
   if (!bench_only) {
     std::mt19937 rng(1234);
     std::vector<Case> all = features_only ? std::vector<Case>{} : cases();
-    for (const Case& c : feature_cases()) all.push_back(c);
+    // `small`: sequences up to 300 only (compute-sanitizer runs).
+    const bool small = has_arg(argc, argv, "small");
+    for (const Case& c : feature_cases())
+      if (!small || std::max(c.T, c.S) <= 300) all.push_back(c);
     std::vector<std::string> failed;
     for (const Case& c : all) {
       ++total;

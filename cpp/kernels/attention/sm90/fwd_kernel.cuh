@@ -139,7 +139,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int wg = tid / kWarpgroupThreads;
   // full: the TMA bytes' arrival (plus, with features, one per producer
   // lane, each after writing its ids); empty: one arrival per consumer warp.
-  if (tid == 0) ring.init(kFeat == kPlain ? 1 : 1 + kWarpSize, Cfg::kConsumers * 4);
+  // Empty arrivals: one per consumer warp; in the feature instances one per
+  // consumer thread, as each reads the stage's segment ids with ordinary
+  // loads and only its own arrive orders them before the producer's rewrite
+  // (compute-sanitizer racecheck flagged the lane-0 arrive there).
+  if (tid == 0)
+    ring.init(kFeat == kPlain ? 1 : 1 + kWarpSize,
+              Cfg::kConsumers * (kFeat == kPlain ? 4 : kWarpgroupThreads));
   __syncthreads();
 
   // Highest query tiles first: under a causal mask they have the most keys.
@@ -474,7 +480,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   };
 
   auto release = [&](int it) {
-    if (lane == 0) mbar_arrive(ring.empty(ring.stage(it)));
+    if (kFeat != kPlain || lane == 0) mbar_arrive(ring.empty(ring.stage(it)));
   };
   // kDropout: zero the dropped probabilities of tile nt (after the row sums
   // took them: the softmax is that of all keys); the epilogue scales by
