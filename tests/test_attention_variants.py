@@ -11,6 +11,7 @@ import jaxcraft
 from numerics import assert_parity, f64, random
 from test_attention import DTYPES, _kernel_dtypes as _dtypes, _qkv
 
+
 def _attn(impl, q, k, v, bias=None, **kw):
   return jaxcraft.dot_product_attention(q, k, v, bias, implementation=impl, **kw)
 
