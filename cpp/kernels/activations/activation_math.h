@@ -1,0 +1,88 @@
+// The activations and their exact derivatives in float32, shared by the CPU
+// loops and the CUDA kernels so that both compute the same formulas.
+//
+// Both GELU forms are written through functions that lose no precision in
+// the tails, where the textbook forms cancel:
+//   tanh form: 0.5 (1 + tanh(u)) = sigmoid(2u), and 1 - sigmoid(z) = e * s
+//              with e = exp(-z), s = 1 / (1 + e) (no 1 - s cancellation);
+//   erf form:  0.5 (1 + erf(h / sqrt 2)) = 0.5 erfc(-h / sqrt 2) (as jax.nn).
+#pragma once
+#include <math.h>
+
+#include "kernels/activations/params.h"
+
+#ifdef __CUDACC__
+#define JAXCRAFT_ACT_FN __host__ __device__ __forceinline__
+#else
+#define JAXCRAFT_ACT_FN inline
+#endif
+
+namespace jaxcraft {
+namespace activation {
+
+constexpr float kSqrt2OverPi = 0.7978845608028654f;  // tanh form: u = sqrt(2/pi) (h + k h^3)
+constexpr float kGeluCubic = 0.044715f;              // k above
+constexpr float kInvSqrt2 = 0.7071067811865476f;     // erf form: Phi(h) = erfc(-h / sqrt 2) / 2
+constexpr float kInvSqrt2Pi = 0.3989422804014327f;   // phi(h) = exp(-h^2 / 2) / sqrt(2 pi)
+// exp(88) = 1.7e38 < FLT_MAX: clamping the exponent keeps e finite, so that
+// e * s stays a number (inf * 0 would be NaN) where sigmoid underflows.
+constexpr float kMaxExp = 88.f;
+
+// s = sigmoid(z) and its complement 1 - s, each to full relative precision.
+JAXCRAFT_ACT_FN void sigmoid_pair(float z, float& s, float& one_minus_s) {
+  const float e = expf(fminf(-z, kMaxExp));
+  s = 1.f / (1.f + e);
+  one_minus_s = e * s;
+}
+
+// f(h), and with the derivative, f'(h).
+template <Activation kAct>
+struct Act;
+
+template <>
+struct Act<Activation::kGeluTanh> {
+  // f = h sigmoid(z), z = 2u = 2 sqrt(2/pi) h (1 + k h^2);
+  // f' = s + h s (1 - s) dz/dh, dz/dh = 2 sqrt(2/pi) (1 + 3 k h^2).
+  static JAXCRAFT_ACT_FN float value(float h) {
+    float s, sc;
+    sigmoid_pair(2.f * kSqrt2OverPi * h * (1.f + kGeluCubic * h * h), s, sc);
+    return h * s;
+  }
+  static JAXCRAFT_ACT_FN float value_and_grad(float h, float& grad) {
+    const float h2 = h * h;
+    float s, sc;
+    sigmoid_pair(2.f * kSqrt2OverPi * h * (1.f + kGeluCubic * h2), s, sc);
+    grad = s + h * s * sc * (2.f * kSqrt2OverPi * (1.f + 3.f * kGeluCubic * h2));
+    return h * s;
+  }
+};
+
+template <>
+struct Act<Activation::kGeluErf> {
+  // f = h Phi(h); f' = Phi(h) + h phi(h).
+  static JAXCRAFT_ACT_FN float value(float h) { return h * (0.5f * erfcf(-h * kInvSqrt2)); }
+  static JAXCRAFT_ACT_FN float value_and_grad(float h, float& grad) {
+    const float cdf = 0.5f * erfcf(-h * kInvSqrt2);
+    grad = cdf + h * (kInvSqrt2Pi * expf(-0.5f * h * h));
+    return h * cdf;
+  }
+};
+
+template <>
+struct Act<Activation::kSilu> {
+  // f = h s, s = sigmoid(h); f' = s + h s (1 - s).
+  static JAXCRAFT_ACT_FN float value(float h) {
+    float s, sc;
+    sigmoid_pair(h, s, sc);
+    return h * s;
+  }
+  static JAXCRAFT_ACT_FN float value_and_grad(float h, float& grad) {
+    float s, sc;
+    sigmoid_pair(h, s, sc);
+    grad = s + h * s * sc;
+    return h * s;
+  }
+};
+
+}  // namespace activation
+}  // namespace jaxcraft
