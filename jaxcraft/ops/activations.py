@@ -222,9 +222,16 @@ _FLAT_COLS = 4096
 _MIN_FLAT_COLS = 8  # one 16-byte vector of a 16-bit type
 
 
+def _sharded(a) -> bool:
+  """Whether a's type carries a sharding (explicit mesh axes, traced before
+  partitioning): then only the leading axes may be merged."""
+  spec = getattr(jax.typeof(a).sharding, "spec", None) or ()
+  return any(s is not None for s in spec)
+
+
 def _rows2d(cfg: _Cfg, a):
   """a as the kernels' [rows, cols]."""
-  if cfg.op == "gelu":
+  if cfg.op == "gelu" and not _sharded(a):
     cols = math.gcd(a.size, _FLAT_COLS)
     if cols >= _MIN_FLAT_COLS:
       return a.reshape(-1, cols)
@@ -237,9 +244,10 @@ def _out_shape(cfg: _Cfg, x_shape):
   return (*x_shape[:-1], x_shape[-1] // 2) if cfg.gated else tuple(x_shape)
 
 
-def _fwd_local(cfg: _Cfg, x, bias=None):
-  (y,) = _fwd_kernel_p.bind(_rows2d(cfg, x), _empty() if bias is None else bias,
-                            **cfg.kernel_params())
+def _fwd_local(cfg: _Cfg, x, *bias):
+  """The forward on one device's shard: operands x, bias? (no defaults:
+  custom_partitioning would pass them as operands)."""
+  (y,) = _fwd_kernel_p.bind(_rows2d(cfg, x), *(bias or [_empty()]), **cfg.kernel_params())
   return [y.reshape(_out_shape(cfg, x.shape))]
 
 
@@ -277,7 +285,8 @@ def _make_fwd_partitioned(shapes, *, cfg: _Cfg):
   ndim = len(shapes[0])
   lead = _lead_factors(ndim)
   if cfg.gated:
-    # k: the input's last axis (both halves), c: the output's; neither split.
+    # k: the input's last axis (both halves), c: the output's; neither split
+    # (listed in the order of first appearance, as Shardy requires).
     rule = f"{lead} k -> {lead} c"
     replicated = ("k", "c")
   else:
@@ -310,9 +319,10 @@ _fwd_p = _primitive.partitioned_primitive(
     make_partitioned=_make_fwd_partitioned)
 
 
-def _bwd_local(cfg: _Cfg, keep: int, dy, x, bias=None):
+def _bwd_local(cfg: _Cfg, keep: int, dy, x, *bias):
   """dx, and with a bias its gradient summed over all row axes but the first
   `keep` (vmapped axes: per-example gradients)."""
+  bias = bias[0] if bias else None
   if not cfg.has_bias:
     dx, _ = _bwd_kernel_p.bind(_rows2d(cfg, dy), _rows2d(cfg, x), _empty(), num_partials=1,
                                **cfg.kernel_params())
@@ -330,8 +340,8 @@ def _bwd_local(cfg: _Cfg, keep: int, dy, x, bias=None):
 
 
 def _bwd_abstract(dy, x, *rest, cfg, keep):
-  keep_x = x.ndim - 1 if cfg.gated else x.ndim
-  dx = _primitive.result_aval(x, x.shape, x.dtype, _primitive.row_spec(x, keep_x))
+  # dx has x's type (custom_vjp requires it, sharding included).
+  dx = _primitive.result_aval(x, x.shape, x.dtype, _primitive.row_spec(x, x.ndim))
   if not cfg.has_bias:
     return [dx]
   spec = _full_spec(x, x.ndim)
@@ -344,7 +354,7 @@ def _make_bwd_partitioned(shapes, *, cfg: _Cfg, keep: int):
   lead = _lead_factors(ndim)
   if cfg.gated:
     rule = f"{lead} c, {lead} k -> {lead} k"
-    replicated = ("k", "c")
+    replicated = ("c", "k")  # in the order of first appearance, as Shardy requires
   elif cfg.has_bias:
     kept = " ".join(f"r{i}" for i in range(keep))
     rule = f"{lead} c, {lead} c, c -> {lead} c, {kept} c"

@@ -24,15 +24,18 @@ constexpr float kSqrt2OverPi = 0.7978845608028654f;  // tanh form: u = sqrt(2/pi
 constexpr float kGeluCubic = 0.044715f;              // k above
 constexpr float kInvSqrt2 = 0.7071067811865476f;     // erf form: Phi(h) = erfc(-h / sqrt 2) / 2
 constexpr float kInvSqrt2Pi = 0.3989422804014327f;   // phi(h) = exp(-h^2 / 2) / sqrt(2 pi)
-// exp(88) = 1.7e38 < FLT_MAX: clamping the exponent keeps e finite, so that
-// e * s stays a number (inf * 0 would be NaN) where sigmoid underflows.
-constexpr float kMaxExp = 88.f;
+// Beyond this, h^2 is clamped in the GELU polynomials: it keeps them finite
+// (h^2 overflows from |h| ~ 1.8e19, and 0 * inf would be NaN), and at such
+// |h| sigmoid is exactly 0 or 1, so the polynomial's value does not matter.
+constexpr float kMaxSquare = 1e30f;
 
 // s = sigmoid(z) and its complement 1 - s, each to full relative precision.
+// exp(-z) overflows for z < -88.7: then s = 0 and 1 - s = 1 (e * s would be
+// inf * 0).
 JAXCRAFT_ACT_FN void sigmoid_pair(float z, float& s, float& one_minus_s) {
-  const float e = expf(fminf(-z, kMaxExp));
+  const float e = expf(-z);
   s = 1.f / (1.f + e);
-  one_minus_s = e * s;
+  one_minus_s = s > 0.f ? e * s : 1.f;
 }
 
 // f(h), and with the derivative, f'(h).
@@ -45,11 +48,11 @@ struct Act<Activation::kGeluTanh> {
   // f' = s + h s (1 - s) dz/dh, dz/dh = 2 sqrt(2/pi) (1 + 3 k h^2).
   static JAXCRAFT_ACT_FN float value(float h) {
     float s, sc;
-    sigmoid_pair(2.f * kSqrt2OverPi * h * (1.f + kGeluCubic * h * h), s, sc);
+    sigmoid_pair(2.f * kSqrt2OverPi * h * (1.f + kGeluCubic * fminf(h * h, kMaxSquare)), s, sc);
     return h * s;
   }
   static JAXCRAFT_ACT_FN float value_and_grad(float h, float& grad) {
-    const float h2 = h * h;
+    const float h2 = fminf(h * h, kMaxSquare);
     float s, sc;
     sigmoid_pair(2.f * kSqrt2OverPi * h * (1.f + kGeluCubic * h2), s, sc);
     grad = s + h * s * sc * (2.f * kSqrt2OverPi * (1.f + 3.f * kGeluCubic * h2));
