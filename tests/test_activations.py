@@ -181,26 +181,33 @@ def test_kernel_in_hlo(platform):
 @pytest.mark.parametrize("op,approximate", VARIANTS, ids=IDS)
 def test_policy_decides_implementation_none(platform, op, approximate, monkeypatch):
   """implementation=None follows DEFAULT_IMPLEMENTATION for the platform the
-  computation is compiled for; a forced kernel ignores it."""
-  assert act_ops.default_implementation(op, platform) in ("kernel", "xla")
+  computation is compiled for, forward and backward independently; a forced
+  kernel ignores it."""
+  variant = act_ops.variant_name(op, act_ops.GELU_ERF if approximate is False else act_ops.GELU_TANH)
+  assert variant in act_ops.VARIANTS
   x, bias = _inputs(op, 64, F32)
   lowered = lambda impl: jax.jit(jax.value_and_grad(
       lambda x: jnp.sum(_call(op, approximate, x, bias, impl)))).lower(x).as_text()
-  for choice in ("kernel", "xla"):
-    monkeypatch.setitem(act_ops.DEFAULT_IMPLEMENTATION, (op, platform), choice)
+  for choice in [("kernel", "kernel"), ("xla", "kernel"), ("kernel", "xla"), ("xla", "xla")]:
+    monkeypatch.setitem(act_ops.DEFAULT_IMPLEMENTATION, (variant, platform), choice)
     text = lowered(None)
-    for target in (_ffi.ACTIVATION_FWD, _ffi.ACTIVATION_BWD):
-      assert (target in text) == (choice == "kernel"), (choice, target)
-    assert _ffi.ACTIVATION_FWD in lowered(platform)
+    for target, want in zip((_ffi.ACTIVATION_FWD, _ffi.ACTIVATION_BWD), choice):
+      assert (target in text) == (want == "kernel"), (choice, target)
+    forced = lowered(platform)
+    assert _ffi.ACTIVATION_FWD in forced and _ffi.ACTIVATION_BWD in forced
   monkeypatch.undo()
   expected = _call(op, approximate, x, bias, "xla")
   np.testing.assert_allclose(_call(op, approximate, x, bias, None), expected, rtol=2e-6, atol=2e-6)
 
 
 def test_policy_table_is_complete():
-  for op in ("gelu", "bias_gelu", "swiglu", "geglu"):
+  names = {act_ops.variant_name(op, code) for op, code in
+           [("gelu", 0), ("gelu", 1), ("bias_gelu", 0), ("bias_gelu", 1), ("swiglu", 2),
+            ("geglu", 0), ("geglu", 1)]}
+  assert set(act_ops.VARIANTS) == names
+  for variant in names:
     for platform in ("cpu", "cuda"):
-      assert act_ops.DEFAULT_IMPLEMENTATION[(op, platform)] in ("kernel", "xla")
+      assert all(c in ("kernel", "xla") for c in act_ops.DEFAULT_IMPLEMENTATION[(variant, platform)])
 
 
 @pytest.mark.parametrize("op,approximate", [("gelu", True), ("bias_gelu", False),
@@ -265,8 +272,12 @@ def _collectives(fn, *args):
 def mesh(request):
   if len(jax.devices("cpu")) < 8:
     pytest.skip("needs 8 CPU devices")
-  return jax.make_mesh((4, 2), ("data", "model"), axis_types=(request.param,) * 2,
+  mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(request.param,) * 2,
                        devices=jax.devices("cpu")[:8])
+  # The tests force the CPU kernels (the policy may pick XLA on CPU), so their
+  # unsharded comparisons run on a CPU device too, also where a GPU is the default.
+  with jax.default_device(jax.devices("cpu")[0]):
+    yield mesh
 
 
 @pytest.mark.parametrize("spec", [P("data", "model"), P("data", None, "model")],
@@ -278,7 +289,8 @@ def test_elementwise_sharding_runs_locally(mesh, spec):
   bias = random(jax.random.key(7), (128,), F32)
   xs = jax.device_put(x, NamedSharding(mesh, spec))
   bs = jax.device_put(bias, NamedSharding(mesh, P(spec[2] if len(spec) > 2 else None)))
-  fwd = lambda x, b: jaxcraft.bias_gelu(jaxcraft.gelu(x), b)
+  fwd = lambda x, b: jaxcraft.bias_gelu(jaxcraft.gelu(x, implementation="cpu"), b,
+                                        implementation="cpu")
   assert _collectives(fwd, xs, bs) == []
   out = jax.jit(fwd)(xs, bs)
   np.testing.assert_allclose(out, fwd(x, bias), rtol=1e-6, atol=1e-6)
@@ -293,7 +305,7 @@ def test_gated_sharding(mesh):
   """Gated ops keep row sharding locally; a sharded last axis is gathered
   first (its halves must sit on one device) and still correct."""
   x = random(jax.random.key(8), (8, 16, 64), jnp.bfloat16, scale=2.0)
-  fn = lambda x: jaxcraft.geglu(jaxcraft.swiglu(x))
+  fn = lambda x: jaxcraft.geglu(jaxcraft.swiglu(x, implementation="cpu"), implementation="cpu")
   rows = jax.device_put(x, NamedSharding(mesh, P("data", "model")))
   assert _collectives(fn, rows) == []
   grad = jax.grad(lambda x: jnp.sum(fn(x).astype(F32) ** 2))
@@ -309,10 +321,11 @@ def test_bias_gelu_in_shard_map(mesh):
   x = random(jax.random.key(9), (8, 16, 32), F32, scale=2.0)
   bias = random(jax.random.key(10), (32,), F32)
   x = jax.device_put(x, NamedSharding(mesh, P("data", "model")))
-  fn = jax.shard_map(lambda x, b: jaxcraft.bias_gelu(x, b), mesh=mesh,
+  fn = jax.shard_map(lambda x, b: jaxcraft.bias_gelu(x, b, implementation="cpu"), mesh=mesh,
                      in_specs=(P("data", "model"), P()), out_specs=P("data", "model"))
   with jax.set_mesh(mesh):
-    np.testing.assert_allclose(jax.jit(fn)(x, bias), jaxcraft.bias_gelu(x, bias), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(jax.jit(fn)(x, bias), jaxcraft.bias_gelu(x, bias, implementation="xla"),
+                               rtol=1e-6, atol=1e-6)
     # The replicated bias' gradient sums over every shard's rows.
     g = jax.jit(jax.grad(lambda b: jnp.sum(fn(x, b))))(bias)
     ref = jax.grad(lambda b: jnp.sum(jaxcraft.bias_gelu(x, b, implementation="xla")))(bias)
@@ -328,16 +341,16 @@ def _step(x, bias):
   return jax.value_and_grad(loss, (0, 1))(x, bias)
 
 
-def test_export_round_trip(platform):
+def test_export_round_trip(platform, monkeypatch):
+  for variant in act_ops.VARIANTS:  # the artifact runs the kernels, whatever the policy
+    monkeypatch.setitem(act_ops.DEFAULT_IMPLEMENTATION, (variant, platform), ("kernel", "kernel"))
   x = random(jax.random.key(11), (4, 8, 64), jnp.bfloat16, scale=2.0)
   bias = random(jax.random.key(12), (64,), F32)
   exported = jax.export.export(jax.jit(_step), platforms=(platform,),
                                disabled_checks=jaxcraft.EXPORT_DISABLED_CHECKS)(x, bias)
   module = exported.mlir_module()
-  if all(act_ops.default_implementation(op, platform) == "kernel"
-         for op in ("gelu", "bias_gelu", "swiglu", "geglu")):
-    for target in (_ffi.ACTIVATION_FWD, _ffi.ACTIVATION_BWD):
-      assert f"@{target}(" in module, target
+  for target in (_ffi.ACTIVATION_FWD, _ffi.ACTIVATION_BWD):
+    assert f"@{target}(" in module, target
   restored = jax.export.deserialize(exported.serialize())
   for got, want in zip(jax.tree.leaves(restored.call(x, bias)), jax.tree.leaves(jax.jit(_step)(x, bias))):
     np.testing.assert_array_equal(f64(got), f64(want))

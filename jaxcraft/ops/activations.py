@@ -30,30 +30,51 @@ GATED_OPS = ("swiglu", "geglu")
 
 
 # --------------------------------------------- implementation=None policy
-# What `implementation=None` runs, per op and platform: "kernel" (jaxcraft's)
-# or "xla" (the pure-JAX reference below, which XLA fuses with neighbouring
-# ops; a custom call is a fusion barrier, e.g. XLA can fold bias + GELU into
-# the epilogue of the matmul that produces x, or an elementwise producer of x
-# into the activation's loop). Where XLA is as fast or faster, "xla" wins.
+# What `implementation=None` runs, per op variant, platform and pass:
+# "kernel" (jaxcraft's) or "xla" (the pure-JAX reference below, which XLA
+# fuses with neighbouring ops; a custom call is a fusion barrier: XLA can
+# fold an elementwise producer of x, or the bias add, into the activation's
+# loop, and the activation into its consumer). Where XLA is as fast or
+# faster, "xla" wins. Forward and backward choose independently: the
+# backward kernel needs only x and dy, whichever ran the forward.
 #   cuda: the kernel until measured; the lead fills these rows from
 #         `python bench/run.py --ops activations` on the H100.
-#   cpu:  measured on the 2-core development machine (bench-like chains of
-#         [4096, 4096] f32/bf16, fwd and fwd+bwd); see the report in the PR.
+#   cpu:  measured on the 2-core development machine (XLA's CPU code uses
+#         AVX2 + FMA throughout and its own vectorized tanh/erf; the kernel's
+#         erf form calls scalar libm erfcf).
+# Keys: (variant, platform); variant = op, "_erf" appended for approximate=False.
 DEFAULT_IMPLEMENTATION = {
-    ("gelu", "cuda"): "kernel",
-    ("bias_gelu", "cuda"): "kernel",
-    ("swiglu", "cuda"): "kernel",
-    ("geglu", "cuda"): "kernel",
-    ("gelu", "cpu"): "kernel",
-    ("bias_gelu", "cpu"): "kernel",
-    ("swiglu", "cpu"): "kernel",
-    ("geglu", "cpu"): "kernel",
+    # (variant, platform): (forward, backward)
+    ("gelu", "cuda"): ("kernel", "kernel"),
+    ("gelu_erf", "cuda"): ("kernel", "kernel"),
+    ("bias_gelu", "cuda"): ("kernel", "kernel"),
+    ("bias_gelu_erf", "cuda"): ("kernel", "kernel"),
+    ("swiglu", "cuda"): ("kernel", "kernel"),
+    ("geglu", "cuda"): ("kernel", "kernel"),
+    ("geglu_erf", "cuda"): ("kernel", "kernel"),
+    ("gelu", "cpu"): ("xla", "xla"),
+    ("gelu_erf", "cpu"): ("xla", "xla"),
+    ("bias_gelu", "cpu"): ("xla", "xla"),
+    ("bias_gelu_erf", "cpu"): ("xla", "xla"),
+    ("swiglu", "cpu"): ("xla", "kernel"),
+    ("geglu", "cpu"): ("xla", "kernel"),
+    ("geglu_erf", "cpu"): ("xla", "xla"),
 }
+VARIANTS = tuple(dict.fromkeys(v for v, _ in DEFAULT_IMPLEMENTATION))
+PASSES = ("fwd", "bwd")
 
 
-def default_implementation(op: str, platform: str) -> str:
-  """"kernel" or "xla": what `implementation=None` runs for `op` on `platform`."""
-  return DEFAULT_IMPLEMENTATION.get((op, platform), "xla")
+def variant_name(op: str, activation: int) -> str:
+  """The policy table's name for an op and its activation code."""
+  return op + ("_erf" if activation == GELU_ERF else "")
+
+
+def default_implementation(variant: str, platform: str, pass_: str = "fwd") -> str:
+  """"kernel" or "xla": what `implementation=None` runs for the forward or
+  backward pass (`pass_`) of an op variant (see DEFAULT_IMPLEMENTATION) on
+  `platform`."""
+  choice = DEFAULT_IMPLEMENTATION.get((variant, platform), ("xla", "xla"))
+  return choice[PASSES.index(pass_)]
 
 
 # ---------------------------------------------------------------- reference
@@ -116,11 +137,12 @@ def _present(a):
   return a.size > 0
 
 
-def _unsupported(platform, avals_in, *, op, implementation, **_):
+def _policy(pass_, platform, avals_in, *, op, activation, implementation, **_):
   """The policy table's choice, under implementation=None only (a forced
   kernel always runs)."""
-  if implementation is None and default_implementation(op, platform) == "xla":
-    return f"the implementation=None policy runs XLA for {op} on {platform}"
+  variant = variant_name(op, activation)
+  if implementation is None and default_implementation(variant, platform, pass_) == "xla":
+    return f"the implementation=None policy runs XLA for {variant} {pass_} on {platform}"
   return None
 
 
@@ -146,7 +168,7 @@ def _fwd_kernel_reference(x, bias, *, op, activation, gated, implementation):
 _fwd_kernel_p = _primitive.kernel_primitive(
     "jaxcraft_activation_fwd_kernel", target=_ffi.ACTIVATION_FWD,
     abstract_eval=_fwd_kernel_abstract, reference=_fwd_kernel_reference,
-    ffi_attrs=_kernel_attrs, unsupported=_unsupported)
+    ffi_attrs=_kernel_attrs, unsupported=functools.partial(_policy, "fwd"))
 
 
 def _bwd_kernel_abstract(dy, x, bias, *, op, activation, gated, num_partials, implementation):
@@ -173,7 +195,7 @@ def _bwd_kernel_reference(dy, x, bias, *, op, activation, gated, num_partials, i
 _bwd_kernel_p = _primitive.kernel_primitive(
     "jaxcraft_activation_bwd_kernel", target=_ffi.ACTIVATION_BWD,
     abstract_eval=_bwd_kernel_abstract, reference=_bwd_kernel_reference,
-    ffi_attrs=_kernel_attrs, unsupported=_unsupported)
+    ffi_attrs=_kernel_attrs, unsupported=functools.partial(_policy, "bwd"))
 
 
 # Rows per partial sum of dbias: the partials are written and read once more
