@@ -299,6 +299,10 @@ def test_elementwise_sharding_runs_locally(mesh, spec):
   assert _collectives(grad, xs, bs) == ["all-reduce"]
   for a, b in zip(jax.jit(grad)(xs, bs), grad(x, bias)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+  # A replicated bias with sharded features: its gradient keeps the bias' type.
+  replicated = jax.device_put(bias, NamedSharding(mesh, P()))
+  for a, b in zip(jax.jit(grad)(xs, replicated), grad(x, bias)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_gated_sharding(mesh):

@@ -372,8 +372,10 @@ def _bwd_abstract(dy, x, *rest, cfg, keep):
   dx = _primitive.result_aval(x, x.shape, x.dtype, _primitive.row_spec(x, x.ndim))
   if not cfg.has_bias:
     return [dx]
-  spec = _full_spec(x, x.ndim)
-  dbias = _primitive.result_aval(x, (*x.shape[:keep], x.shape[-1]), F32, spec[:keep] + spec[-1:])
+  # dbias has the bias' type along the feature axis (custom_vjp requires it),
+  # the rows' along the kept (vmapped) axes.
+  spec = _full_spec(x, x.ndim)[:keep] + _full_spec(rest[0], 1)
+  dbias = _primitive.result_aval(x, (*x.shape[:keep], x.shape[-1]), F32, spec)
   return [dx, dbias]
 
 
