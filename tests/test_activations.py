@@ -79,8 +79,10 @@ def _inputs(op, cols, dtype, lead=(3, 5), seed=0):
   return x, bias
 
 
-# float16 takes bfloat16's code paths (16-bit vectors): fewer sizes.
-DTYPE_COLS = [(d, c) for d in DTYPES for c in (COLS if d != jnp.float16 else [7, 4096])]
+# bfloat16 over all the widths; float32 (4-element vectors) and float16
+# (bfloat16's code paths) over fewer.
+DTYPE_COLS = ([(jnp.bfloat16, c) for c in (1, 8, 257, 1000, 4096)]
+              + [(jnp.float32, c) for c in (7, 1000, 4096)] + [(jnp.float16, c) for c in (7, 4096)])
 
 
 @pytest.mark.parametrize("dtype,cols", DTYPE_COLS, ids=[f"{d.__name__}-{c}" for d, c in DTYPE_COLS])
@@ -98,8 +100,7 @@ def _loss(op, approximate, impl, x, bias):
   return jnp.sum(jnp.sin(_call(op, approximate, x, bias, impl).astype(F32)))
 
 
-GRAD_COLS = [(jnp.float32, 7), (jnp.float32, 4096), (jnp.bfloat16, 7), (jnp.bfloat16, 4096),
-             (jnp.float16, 1000)]
+GRAD_COLS = [(jnp.float32, 7), (jnp.float32, 4096), (jnp.bfloat16, 4096), (jnp.float16, 1000)]
 
 
 @pytest.mark.parametrize("dtype,cols", GRAD_COLS, ids=[f"{d.__name__}-{c}" for d, c in GRAD_COLS])
@@ -150,7 +151,7 @@ def test_tails_are_accurate_and_finite(platform):
 
 
 def test_leading_shapes_and_scalars(platform):
-  for shape in [(), (6,), (2, 3, 4, 16)]:
+  for shape in [(), (2, 3, 4, 16)]:
     x = random(jax.random.key(2), shape, jnp.bfloat16, scale=2.0)
     ops = [("gelu", True)] + ([("swiglu", None), ("bias_gelu", False)] if shape else [])
     for op, approximate in ops:
@@ -210,8 +211,9 @@ def test_policy_table_is_complete():
       assert all(c in ("kernel", "xla") for c in act_ops.DEFAULT_IMPLEMENTATION[(variant, platform)])
 
 
-@pytest.mark.parametrize("op,approximate", [("gelu", True), ("bias_gelu", False),
-                                            ("swiglu", None), ("geglu", True)])
+# bias_gelu covers gelu's primitives (and the bias' batching rules); swiglu
+# the gated ones, which geglu shares.
+@pytest.mark.parametrize("op,approximate", [("bias_gelu", False), ("swiglu", None)])
 def test_transforms(platform, op, approximate):
   x, bias = _inputs(op, 40, jnp.bfloat16, (4, 6), seed=3)
   fn = lambda x, b: _call(op, approximate, x, b, platform)
@@ -221,9 +223,10 @@ def test_transforms(platform, op, approximate):
   # vmap over a non-leading axis of x; the last axis itself (elementwise gelu).
   np.testing.assert_allclose(f64(jax.vmap(fn, (1, None))(x, bias)),
                              f64(jax.vmap(ref, (1, None))(x, bias)), **tol)
-  if op == "gelu":
-    np.testing.assert_allclose(f64(jax.vmap(fn, (2, None))(x, bias)),
-                               f64(jax.vmap(ref, (2, None))(x, bias)), **tol)
+  if op == "bias_gelu":  # vmap over the feature axis itself (then bias is per example)
+    gelu = lambda x: jaxcraft.gelu(x, implementation=platform)
+    np.testing.assert_allclose(f64(jax.vmap(gelu, 2)(x)),
+                               f64(jax.vmap(lambda x: jaxcraft.gelu(x, implementation="xla"), 2)(x)), **tol)
   sq = lambda f: lambda x, b: jnp.sum(f(x, b).astype(F32) ** 2)
   # grad of vmap; checkpoint.
   g = jax.grad(lambda x, b: jnp.sum(jax.vmap(sq(fn), (0, None))(x, b)))(x, bias)
