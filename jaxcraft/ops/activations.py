@@ -279,11 +279,6 @@ def _fwd_local(cfg: _Cfg, x, *bias):
   return [y.reshape(_out_shape(cfg, x.shape))]
 
 
-def _full_spec(aval, ndim):
-  spec = tuple(getattr(aval.sharding, "spec", ()) or ())
-  return (spec + (None,) * ndim)[:ndim]
-
-
 def _fwd_abstract(x, *rest, cfg):
   # Elementwise ops keep every axis' sharding; gated ones keep only the rows'
   # (the halves of the last axis must sit on one device).
@@ -296,9 +291,14 @@ def _lead_factors(ndim):
 
 
 def _specs(spec, ndim):
-  """The operand's spec padded to ndim entries (None: unsharded)."""
+  """A PartitionSpec (None: unsharded) padded to ndim entries."""
   spec = tuple(spec) if spec is not None else ()
   return (spec + (None,) * ndim)[:ndim]
+
+
+def _full_spec(aval, ndim):
+  """An abstract value's sharding spec, padded to ndim entries."""
+  return _specs(getattr(aval.sharding, "spec", None), ndim)
 
 
 def _flatten_axes(axes):
