@@ -2,6 +2,7 @@
 # The one GPU script (run through the device tool): build, GPU tests,
 # compute-sanitizer on small cases, benchmarks. Logs and JSON go to $OUT.
 #   bash bench/gpu_check.sh [ops=norm] [stages=build,test,sanitize,bench]
+#   (more stages: standalone (attention), standalone_activations)
 # PYTEST_ARGS selects test files (default: all), PYTEST_K a -k expression;
 # STAGE_TIMEOUT bounds each stage so
 # one slow stage cannot eat the whole device call.
@@ -41,6 +42,15 @@ if stage standalone; then
     'nvcc_attn -c {} -o $obj/\$(echo {} | tr / _).o' && nvcc_attn $obj/*.o -o /tmp/attn_test.bin"
   step standalone_run /tmp/attn_test.bin ${STANDALONE_ARGS:-}
   JAXCRAFT_ATTENTION_KERNEL=portable step standalone_portable /tmp/attn_test.bin bench
+fi
+if stage standalone_activations; then
+  # The activation kernels outside JAX against a float64 CPU reference, then
+  # their GB/s at the benchmark shapes.
+  step activations_standalone_build nvcc -std=c++17 -O3 --expt-relaxed-constexpr -Icpp \
+    -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a \
+    cpp/kernels/activations/standalone_test.cu cpp/kernels/activations/launch_activations.cu \
+    -o /tmp/act_test.bin
+  step activations_standalone_run /tmp/act_test.bin
 fi
 if stage test; then
   # CI runs the CPU kernels' tests; here the CUDA ones (and the platform-free tests).

@@ -87,5 +87,7 @@ def write_all(results, out: pathlib.Path):
     _norm_plot(results["norm"], results["meta"], out / "norm.png")
   if "attention" in results:
     _attention_plot(results["attention"], results["meta"], out / "attention.png")
+  if results.get("activations"):  # GB/s bars per op and shape, as the norms'
+    _norm_plot(results["activations"], results["meta"], out / "activations.png")
   if results.get("decode"):
     _decode_plot(results["decode"], results["meta"], out / "decode.png")

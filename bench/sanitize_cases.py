@@ -95,8 +95,31 @@ def decode_cases():
         jaxcraft.decode_attention(q, k, v, lengths, implementation="cuda", **kw))
 
 
+def activations_cases():
+  """Every activation kernel: vector paths (rows of whole 16-byte vectors; one
+  vector per row, 256 rows per block), the scalar path (odd widths), bias
+  sums folded over thread rows and spread over several partials, fwd + bwd."""
+  rng = np.random.default_rng(5)
+  for shape, dtype in [((70, 4096), jnp.bfloat16), ((300, 24), jnp.float32),
+                       ((33, 257), jnp.bfloat16), ((17, 96), jnp.float16)]:
+    x = jnp.asarray(rng.standard_normal(shape), dtype)
+    b = jnp.asarray(rng.standard_normal(shape[-1]), jnp.float32)
+    fns = [lambda x, b: jaxcraft.gelu(x, implementation="cuda"),
+           lambda x, b: jaxcraft.gelu(x, False, implementation="cuda"),
+           lambda x, b: jaxcraft.bias_gelu(x, b, implementation="cuda"),
+           lambda x, b: jaxcraft.bias_gelu(x, b, False, implementation="cuda")]
+    if shape[-1] % 2 == 0:
+      fns += [lambda x, b: jaxcraft.swiglu(x, implementation="cuda"),
+              lambda x, b: jaxcraft.geglu(x, implementation="cuda"),
+              lambda x, b: jaxcraft.geglu(x, False, implementation="cuda")]
+    for fn in fns:
+      out, vjp = jax.vjp(fn, x, b)
+      jax.block_until_ready(vjp(out))
+
+
 CASES = {"norm": norm_cases, "attention": attention_cases, "variants": variant_cases,
          "decode": decode_cases}
+CASES["activations"] = activations_cases
 
 if __name__ == "__main__":
   for name in sys.argv[1].split(","):

@@ -34,6 +34,47 @@ NORM_TEST_SPECS = [NormSpec(64, 1024), NormSpec(16, 8192), NormSpec(4, 32768)]
 
 
 @dataclasses.dataclass(frozen=True)
+class ActivationSpec:
+  """An activation over [rows, cols] outputs (gelu, bias_gelu: x is [rows,
+  cols] too; swiglu, geglu: x is [rows, 2 cols], its halves a and b)."""
+  op: str
+  rows: int
+  cols: int
+
+  @property
+  def gated(self) -> bool:
+    return self.op in ("swiglu", "geglu")
+
+  @property
+  def in_cols(self) -> int:
+    return 2 * self.cols if self.gated else self.cols
+
+  @property
+  def name(self) -> str:
+    return f"{self.rows // 1024}k x {self.in_cols}"
+
+  def _bias_bytes(self) -> int:
+    return 4 * self.cols if self.op == "bias_gelu" else 0  # float32 [cols]
+
+  def fwd_bytes(self, itemsize: int) -> int:
+    """Read x, write y (bias_gelu: plus the bias)."""
+    return self.rows * (self.in_cols + self.cols) * itemsize + self._bias_bytes()
+
+  def fwd_bwd_bytes(self, itemsize: int) -> int:
+    """Forward, plus the backward: read x and dy, write dx (bias_gelu: plus
+    the bias read and its gradient written)."""
+    bwd = self.rows * (2 * self.in_cols + self.cols) * itemsize + 2 * self._bias_bytes()
+    return self.fwd_bytes(itemsize) + bwd
+
+
+ACTIVATION_SPECS = ([ActivationSpec(op, 16384, c) for op in ("gelu", "bias_gelu") for c in (4096, 14336)]
+                    + [ActivationSpec(op, 16384, 14336) for op in ("swiglu", "geglu")])
+# Small versions of the same shapes: JAXCRAFT_BENCH_ACTIVATIONS_SMOKE=1 runs
+# the code path anywhere (a CPU check; the numbers mean little).
+ACTIVATION_SMOKE_SPECS = [ActivationSpec(s.op, 64, s.cols // 64) for s in ACTIVATION_SPECS]
+
+
+@dataclasses.dataclass(frozen=True)
 class AttentionSpec:
   """bf16 self-attention, 16k tokens per batch, hidden 2048 (N = 2048 / D)."""
   head_dim: int

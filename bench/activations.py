@@ -1,0 +1,129 @@
+"""gelu / bias_gelu / swiglu / geglu: jaxcraft's kernel vs XLA, bf16.
+
+Implementations (each op):
+  jaxcraft  the kernel, forced (implementation="cuda"/"cpu"), whatever the
+            implementation=None policy says;
+  xla       jaxcraft's reference (implementation="xla": float32 math, what
+            implementation=None falls back to), jitted: XLA fuses it;
+  jax.nn    the plain jax.nn expression in the input dtype, jitted (for
+            bias_gelu the bias is cast to x's dtype first).
+Modes: "fwd", "fwd+bwd" (GB/s from ActivationSpec's byte formulas, % of the
+copy ceiling), and "mlp fwd": the op between two matmuls (x @ w_in -> act ->
+@ w_out, d_model 1024) where XLA may fuse the activation into a matmul's
+epilogue or prologue and a custom call cannot; microseconds of the whole
+block, no GB/s. These rows fill DEFAULT_IMPLEMENTATION in
+jaxcraft/ops/activations.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+
+import jaxcraft
+from specs import ACTIVATION_SMOKE_SPECS, ACTIVATION_SPECS, ActivationSpec
+from timing import time_step
+
+DTYPE = jnp.bfloat16
+D_MODEL = 1024  # the "mlp fwd" mode's model width
+F32 = jnp.float32
+
+
+def _kernel_platform() -> str:
+  return "cuda" if jax.devices()[0].platform == "gpu" else "cpu"
+
+
+def _impls(op: str):
+  """name -> (fn(x, b), is a custom call)."""
+  k = _kernel_platform()
+  ours = {
+      "gelu": lambda impl: lambda x, b: jaxcraft.gelu(x, implementation=impl),
+      "bias_gelu": lambda impl: lambda x, b: jaxcraft.bias_gelu(x, b, implementation=impl),
+      "swiglu": lambda impl: lambda x, b: jaxcraft.swiglu(x, implementation=impl),
+      "geglu": lambda impl: lambda x, b: jaxcraft.geglu(x, implementation=impl),
+  }[op]
+  halves = lambda x: jnp.split(x, 2, axis=-1)
+  nn = {
+      "gelu": lambda x, b: jax.nn.gelu(x),
+      "bias_gelu": lambda x, b: jax.nn.gelu(x + b.astype(x.dtype)),
+      "swiglu": lambda x, b: (lambda a, g: jax.nn.silu(a) * g)(*halves(x)),
+      "geglu": lambda x, b: (lambda a, g: jax.nn.gelu(a) * g)(*halves(x)),
+  }[op]
+  return {"jaxcraft": (ours(k), True), "xla": (ours("xla"), False), "jax.nn": (nn, False)}
+
+
+def _fwd_step(fn, spec: ActivationSpec):
+  if spec.gated:
+    # y ([rows, cols]) cannot be the next x ([rows, 2 cols]), and building one
+    # from it would add a pass. The next x is x with one element taken from
+    # y (an in-place update); the barrier makes all of y materialize first
+    # (XLA could otherwise compute just that element).
+    def step(x, b):
+      y = jax.lax.optimization_barrier(fn(x, b))
+      return x.at[0, 0].set(y[0, 0])
+    return step
+  return lambda x, b: fn(x, b)
+
+
+def _fwd_bwd_step(fn, spec: ActivationSpec):
+  """x -> dx with dy = y (shapes match x); bias_gelu carries (x, bias) and
+  feeds dbias / rows back, so that the bias gradient is computed (not dead
+  code) and stays O(1)."""
+  if spec.op == "bias_gelu":
+    def step(carry):
+      x, b = carry
+      y, vjp = jax.vjp(fn, x, b)
+      dx, db = vjp(y)
+      return dx, (db / spec.rows).astype(b.dtype)
+    return step
+
+  def step(x, b):
+    y, vjp = jax.vjp(lambda x: fn(x, b), x)
+    return vjp(y)[0]
+  return step
+
+
+def _mlp_step(fn, w_in, w_out):
+  return lambda x, b: (fn(x @ w_in, b) @ w_out).astype(x.dtype)
+
+
+def run(bandwidth: float, specs=None):
+  if specs is None:
+    smoke = os.environ.get("JAXCRAFT_BENCH_ACTIVATIONS_SMOKE") == "1"
+    specs = ACTIVATION_SMOKE_SPECS if smoke else ACTIVATION_SPECS
+  rows = []
+
+  def record(spec, name, mode, sec, nbytes):
+    row = dict(op=spec.op, shape=spec.name, impl=name, mode=mode, us=sec * 1e6,
+               gbps=nbytes / sec / 1e9 if nbytes else None,
+               pct_copy=100 * nbytes / sec / bandwidth if nbytes else None)
+    rows.append(row)
+    rate = f"{row['gbps']:7.0f} GB/s {row['pct_copy']:5.1f}%" if nbytes else ""
+    print(f"  {spec.op:10s} {spec.name:12s} {name:9s} {mode:8s} {row['us']:9.1f} us {rate}", flush=True)
+
+  for spec in specs:
+    k = jax.random.split(jax.random.key(0), 4)
+    x = jax.random.normal(k[0], (spec.rows, spec.in_cols), DTYPE)
+    b = 0.1 * jax.random.normal(k[1], (spec.cols,), F32)
+    w_in = (jax.random.normal(k[2], (D_MODEL, spec.in_cols), DTYPE) / D_MODEL ** 0.5).astype(DTYPE)
+    w_out = (jax.random.normal(k[3], (spec.cols, D_MODEL), DTYPE) / spec.cols ** 0.5).astype(DTYPE)
+    x_mlp = x[:, :D_MODEL] if spec.in_cols >= D_MODEL else jnp.tile(x, (1, D_MODEL // spec.in_cols + 1))[:, :D_MODEL]
+    for name, (fn, custom_call) in _impls(spec.op).items():
+      cases = [("fwd", lambda: time_step(_fwd_step(fn, spec), x, b, custom_call=custom_call),
+                spec.fwd_bytes(2)),
+               ("fwd+bwd", lambda: time_step(_fwd_bwd_step(fn, spec), (x, b) if spec.op == "bias_gelu" else x,
+                                             *(() if spec.op == "bias_gelu" else (b,)),
+                                             custom_call=custom_call),
+                spec.fwd_bwd_bytes(2)),
+               ("mlp fwd", lambda: time_step(_mlp_step(fn, w_in, w_out), x_mlp, b, custom_call=custom_call),
+                0)]
+      for mode, timed, nbytes in cases:
+        try:
+          sec = timed()
+        except Exception as e:  # noqa: BLE001 - a peer that fails is reported, not fatal
+          print(f"  {spec.op} {name} {mode} {spec.name}: failed: {type(e).__name__}: {str(e)[:160]}")
+          continue
+        record(spec, name, mode, sec, nbytes)
+  return rows

@@ -1,0 +1,11 @@
+#pragma once
+#include "cpu/parallel.h"
+#include "kernels/activations/params.h"
+
+namespace jaxcraft {
+
+// `runner`: where to spread rows (null: std::thread).
+void activation_fwd_cpu(const ActivationFwdParams& p, const TaskRunner* runner = nullptr);
+void activation_bwd_cpu(const ActivationBwdParams& p, const TaskRunner* runner = nullptr);
+
+}  // namespace jaxcraft

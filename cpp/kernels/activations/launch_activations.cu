@@ -1,0 +1,154 @@
+// Chooses the block shape and the vector or scalar path for the activation
+// kernels, and launches them.
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+
+#include "kernels/activations/activation_kernels.cuh"
+#include "kernels/activations/launch.h"
+
+namespace jaxcraft {
+namespace {
+
+using activation::kBlockThreads;
+using activation::kVecElems;
+
+// CUDA's limit on gridDim.y; longer row ranges are walked grid-stride.
+constexpr int64_t kMaxGridY = 65535;
+// Rows per chunk (forward, and backward without a bias gradient): each thread
+// handles kChunkRows rows, which amortizes its bias load and index math while
+// leaving many blocks (8192 at 16k x 4096 bf16) to balance the SMs.
+constexpr int64_t kChunkRows = 4;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % activation::kVecBytes == 0; }
+
+// The vector path needs whole 16-byte vectors in every row (and, gated, in
+// each half) and 16-byte aligned buffers; anything else takes the scalar path.
+template <typename T>
+bool can_vectorize(int64_t cols, std::initializer_list<const void*> ptrs) {
+  if (cols % kVecElems<T> != 0) return false;
+  for (const void* p : ptrs)
+    if (p && !aligned16(p)) return false;
+  return true;
+}
+
+// Block shape: tx threads across a row's `vectors` (a power of two, at most
+// the block, so a warp reads consecutive vectors) and ty = 256 / tx rows side
+// by side, so that narrow rows still give each block 8 warps of loads.
+dim3 block_shape(int64_t vectors) {
+  int tx = 1;
+  while (tx < kBlockThreads && tx < vectors) tx *= 2;
+  return dim3(tx, kBlockThreads / tx);
+}
+
+struct Launch {
+  dim3 grid, block;
+  int64_t rows_per_chunk, num_chunks;
+};
+
+// `partials` > 0: one chunk per partial sum (their row split is fixed by
+// params.h); otherwise chunks of kChunkRows rows per thread row.
+Launch plan(int64_t rows, int64_t vectors, int64_t partials) {
+  Launch l;
+  l.block = block_shape(vectors);
+  if (partials > 0) {
+    l.rows_per_chunk = std::max<int64_t>(1, partial_rows(rows, partials));
+    l.num_chunks = partials;
+  } else {
+    l.rows_per_chunk = int64_t(l.block.y) * kChunkRows;
+    l.num_chunks = ceil_div(rows, l.rows_per_chunk);
+  }
+  l.grid = dim3(static_cast<unsigned>(ceil_div(vectors, l.block.x)),
+                static_cast<unsigned>(std::min(l.num_chunks, kMaxGridY)));
+  return l;
+}
+
+template <typename T, Activation kAct, bool kGated, int kN>
+cudaError_t fwd_launch(const ActivationFwdParams& p, cudaStream_t stream) {
+  const Launch l = plan(p.rows, p.cols / kN, 0);
+  activation::activation_fwd_kernel<T, kAct, kGated, kN>
+      <<<l.grid, l.block, 0, stream>>>(p, l.rows_per_chunk, l.num_chunks);
+  return cudaGetLastError();
+}
+
+template <typename T, Activation kAct, bool kGated, int kN>
+cudaError_t bwd_launch(const ActivationBwdParams& p, cudaStream_t stream) {
+  const Launch l = plan(p.rows, p.cols / kN, p.dbias_partial ? p.num_partials : 0);
+  activation::activation_bwd_kernel<T, kAct, kGated, kN>
+      <<<l.grid, l.block, 0, stream>>>(p, l.rows_per_chunk, l.num_chunks);
+  return cudaGetLastError();
+}
+
+// dtype -> (activation, gated) -> vector or scalar path (DESIGN rule 2).
+// The API has no ungated SiLU: that combination is folded away.
+template <template <typename, Activation, bool, int> class Fn, typename T, typename Params>
+cudaError_t with_activation(const Params& p, bool vec, cudaStream_t stream) {
+  constexpr int kV = kVecElems<T>;
+#define JAXCRAFT_ACT_CASE(kAct, kGated)                                        \
+  if (p.activation == kAct && p.gated == kGated)                               \
+    return vec ? Fn<T, kAct, kGated, kV>::run(p, stream) : Fn<T, kAct, kGated, 1>::run(p, stream);
+  JAXCRAFT_ACT_CASE(Activation::kGeluTanh, false)
+  JAXCRAFT_ACT_CASE(Activation::kGeluErf, false)
+  JAXCRAFT_ACT_CASE(Activation::kGeluTanh, true)
+  JAXCRAFT_ACT_CASE(Activation::kGeluErf, true)
+  JAXCRAFT_ACT_CASE(Activation::kSilu, true)
+#undef JAXCRAFT_ACT_CASE
+  return cudaErrorInvalidValue;
+}
+
+template <typename T, Activation kAct, bool kGated, int kN>
+struct Fwd {
+  static cudaError_t run(const ActivationFwdParams& p, cudaStream_t s) {
+    return fwd_launch<T, kAct, kGated, kN>(p, s);
+  }
+};
+template <typename T, Activation kAct, bool kGated, int kN>
+struct Bwd {
+  static cudaError_t run(const ActivationBwdParams& p, cudaStream_t s) {
+    return bwd_launch<T, kAct, kGated, kN>(p, s);
+  }
+};
+
+template <typename T>
+cudaError_t fwd_typed(const ActivationFwdParams& p, cudaStream_t stream) {
+  return with_activation<Fwd, T>(p, can_vectorize<T>(p.cols, {p.x, p.y, p.bias}), stream);
+}
+
+template <typename T>
+cudaError_t bwd_typed(const ActivationBwdParams& p, cudaStream_t stream) {
+  const bool vec = can_vectorize<T>(p.cols, {p.dy, p.x, p.dx, p.bias, p.dbias_partial});
+  return with_activation<Bwd, T>(p, vec, stream);
+}
+
+}  // namespace
+
+cudaError_t launch_activation_fwd(const ActivationFwdParams& p, cudaStream_t stream) {
+  if (p.rows == 0 || p.cols == 0) return cudaSuccess;
+  switch (p.dtype) {
+    case DType::kF32: return fwd_typed<float>(p, stream);
+    case DType::kBF16: return fwd_typed<__nv_bfloat16>(p, stream);
+    case DType::kF16: return fwd_typed<__half>(p, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t launch_activation_bwd(const ActivationBwdParams& p, cudaStream_t stream) {
+  if (p.dbias_partial && p.num_partials < 1) return cudaErrorInvalidValue;
+  if (p.cols == 0) return cudaSuccess;
+  if (p.rows == 0) {
+    // Nothing to differentiate, but the partial rows are outputs: they must be zeros.
+    if (p.dbias_partial)
+      cudaMemsetAsync(p.dbias_partial, 0, sizeof(float) * p.num_partials * p.cols, stream);
+    return cudaGetLastError();
+  }
+  switch (p.dtype) {
+    case DType::kF32: return bwd_typed<float>(p, stream);
+    case DType::kBF16: return bwd_typed<__nv_bfloat16>(p, stream);
+    case DType::kF16: return bwd_typed<__half>(p, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace jaxcraft
