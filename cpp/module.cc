@@ -22,12 +22,16 @@ NB_MODULE(_jaxcraft, m) {
     cpu["jaxcraft_attention_fwd_v2"] = capsule(jaxcraft_attention_fwd_v2_cpu);
     cpu["jaxcraft_attention_bwd_v2"] = capsule(jaxcraft_attention_bwd_v2_cpu);
     cpu["jaxcraft_decode_attention_fwd"] = capsule(jaxcraft_decode_attention_fwd_cpu);
+    cpu["jaxcraft_embedding_fwd"] = capsule(jaxcraft_embedding_fwd_cpu);
+    cpu["jaxcraft_embedding_bwd"] = capsule(jaxcraft_embedding_bwd_cpu);
 #ifdef JAXCRAFT_WITH_CUDA
     cuda["jaxcraft_norm_fwd"] = capsule(jaxcraft_norm_fwd_cuda);
     cuda["jaxcraft_norm_bwd"] = capsule(jaxcraft_norm_bwd_cuda);
     cuda["jaxcraft_attention_fwd_v2"] = capsule(jaxcraft_attention_fwd_v2_cuda);
     cuda["jaxcraft_attention_bwd_v2"] = capsule(jaxcraft_attention_bwd_v2_cuda);
     cuda["jaxcraft_decode_attention_fwd"] = capsule(jaxcraft_decode_attention_fwd_cuda);
+    cuda["jaxcraft_embedding_fwd"] = capsule(jaxcraft_embedding_fwd_cuda);
+    cuda["jaxcraft_embedding_bwd"] = capsule(jaxcraft_embedding_bwd_cuda);
 #endif
     nb::dict out;
     out["cpu"] = cpu;

@@ -16,7 +16,10 @@ NORM_BWD = "jaxcraft_norm_bwd"
 ATTENTION_FWD = "jaxcraft_attention_fwd_v2"
 ATTENTION_BWD = "jaxcraft_attention_bwd_v2"
 DECODE_ATTENTION_FWD = "jaxcraft_decode_attention_fwd"
+EMBEDDING_FWD = "jaxcraft_embedding_fwd"
+EMBEDDING_BWD = "jaxcraft_embedding_bwd"
 TARGETS = (NORM_FWD, NORM_BWD, ATTENTION_FWD, ATTENTION_BWD, DECODE_ATTENTION_FWD)
+TARGETS += (EMBEDDING_FWD, EMBEDDING_BWD)
 
 # jax.export refuses custom calls it does not know to be stable; ours are,
 # as long as jaxcraft (which registers them) is installed where the artifact runs.
