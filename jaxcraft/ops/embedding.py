@@ -23,7 +23,8 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import PartitionSpec as P
+from jax.interpreters import mlir
+from jax.sharding import AxisType, PartitionSpec as P
 
 from jaxcraft import _ffi
 from jaxcraft.ops import _checks, _primitive
@@ -176,14 +177,27 @@ def _fwd_local(cfg: _Cfg, table, ids):
   return [out.reshape(*ids.shape, table.shape[1])]
 
 
+def _sort_rows(ids, *, rows, mode):
+  """Ids grouped by table row, positions ascending within a row (a stable
+  sort): the order in which the deterministic kernel sums each row."""
+  keys = table_rows(ids, rows, mode)
+  return jax.lax.sort((keys, jnp.arange(ids.shape[0], dtype=I32)), num_keys=1, is_stable=True)
+
+
+# The sort as a primitive of its own: lowered (to XLA's sort) only on each
+# device's ids. Traced inline, jax.lax.sort would refuse the global, sharded
+# ids that custom_partitioning traces the local function with (explicit meshes).
+_sort_rows_p = _primitive._new_primitive(
+    "jaxcraft_embedding_sort_rows",
+    lambda ids, *, rows, mode: (_result(ids, [], ids.shape, I32, _primitive.row_spec(ids, 1)),) * 2)
+mlir.register_lowering(_sort_rows_p, mlir.lower_fun(
+    lambda ids, **kw: list(_sort_rows(ids, **kw)), multiple_results=True))
+
+
 def _bwd_local(cfg: _Cfg, dout, ids):
   ids = ids.reshape(-1)
   if cfg.deterministic:
-    # Ids grouped by table row, positions ascending within a row (stable):
-    # the order in which the kernel sums each row, the same on every run.
-    keys = table_rows(ids, cfg.rows, cfg.mode)
-    sorted_rows, order = jax.lax.sort((keys, jnp.arange(ids.shape[0], dtype=I32)),
-                                      num_keys=1, is_stable=True)
+    sorted_rows, order = _sort_rows_p.bind(ids, rows=cfg.rows, mode=cfg.mode)
   else:
     sorted_rows = order = _empty()
   dtable, _, _ = _bwd_kernel_p.bind(dout.reshape(-1, dout.shape[-1]), ids, sorted_rows, order,
@@ -315,10 +329,20 @@ def _lookup_fwd(table, ids, cfg: _Cfg):
   return _lookup(table, ids, cfg), (ids, table[:0, :0])
 
 
+def _as_typed_like(grad, like):
+  """With explicit mesh axes a cotangent's type carries the primal's
+  sharding: the gradient (whole rows) resharded as the table is (V-sharded)."""
+  want = jax.typeof(like).sharding
+  explicit = any(t == AxisType.Explicit for t in getattr(want.mesh, "axis_types", ()))
+  if not explicit or tuple(jax.typeof(grad).sharding.spec) == tuple(want.spec):
+    return grad
+  return jax.sharding.reshard(grad, want)
+
+
 def _lookup_bwd(cfg: _Cfg, saved, dout):
   ids, table_like = saved
   (dtable,) = _bwd_p.bind(dout, ids, cfg=cfg)
-  return _primitive.sum_to_match(dtable, table_like), None
+  return _as_typed_like(_primitive.sum_to_match(dtable, table_like), table_like), None
 
 
 _lookup.defvjp(_lookup_fwd, _lookup_bwd)
@@ -370,7 +394,8 @@ def _checked(table, mode, fill_value, deterministic, implementation):
     raise TypeError(f"deterministic must be a Python bool; got {deterministic!r}")
   fill = np.nan if fill_value is None else _checks.static_float("fill_value", fill_value)
   # Rounded once to the table's dtype (bfloat16 and float16 values are exact in float32).
-  fill = float(np.asarray(fill, table.dtype).astype(np.float32))
+  with np.errstate(over="ignore"):  # a value past float16's range becomes inf, as in jnp.take
+    fill = float(np.asarray(fill, table.dtype).astype(np.float32))
   rows = table.shape[0]
   if rows >= _INT32_MAX - 1:
     raise ValueError(f"table has {rows} rows; the kernels take at most 2^31 - 3 (int32 row ids)")
