@@ -48,12 +48,16 @@ void bwd_rows(const EmbeddingBwdParams& p, const int32_t* starts, const int32_t*
   T* dtable = static_cast<T*>(p.dtable);
   std::vector<float> acc(D);
   for (int64_t r = begin; r < end; ++r) {
+    T* dst = dtable + r * D;
+    if (starts[r] == starts[r + 1]) {
+      std::memset(dst, 0, sizeof(T) * D);  // +0 in every dtype
+      continue;
+    }
     std::fill(acc.begin(), acc.end(), 0.f);
     for (int64_t k = starts[r]; k < starts[r + 1]; ++k) {
       const T* src = dout + int64_t(order[k]) * D;
       for (int64_t c = 0; c < D; ++c) acc[c] += to_float(src[c]);
     }
-    T* dst = dtable + r * D;
     for (int64_t c = 0; c < D; ++c) dst[c] = from_float<T>(acc[c]);
   }
 }
