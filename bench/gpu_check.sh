@@ -2,6 +2,7 @@
 # The one GPU script (run through the device tool): build, GPU tests,
 # compute-sanitizer on small cases, benchmarks. Logs and JSON go to $OUT.
 #   bash bench/gpu_check.sh [ops=norm] [stages=build,test,sanitize,bench]
+#   (also: standalone_embedding)
 # PYTEST_ARGS selects test files (default: all), PYTEST_K a -k expression;
 # STAGE_TIMEOUT bounds each stage so
 # one slow stage cannot eat the whole device call.
@@ -41,6 +42,15 @@ if stage standalone; then
     'nvcc_attn -c {} -o $obj/\$(echo {} | tr / _).o' && nvcc_attn $obj/*.o -o /tmp/attn_test.bin"
   step standalone_run /tmp/attn_test.bin ${STANDALONE_ARGS:-}
   JAXCRAFT_ATTENTION_KERNEL=portable step standalone_portable /tmp/attn_test.bin bench
+fi
+if stage standalone_embedding; then
+  # The embedding kernels outside JAX against a CPU reference (the
+  # deterministic backward bit for bit), then their GB/s at the bench shapes.
+  step embedding_standalone_build nvcc -std=c++17 -O3 --expt-relaxed-constexpr -Icpp \
+    -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a \
+    cpp/kernels/embedding/standalone_test.cu cpp/kernels/embedding/launch_embedding.cu \
+    -o /tmp/embedding_test.bin
+  step embedding_standalone_run /tmp/embedding_test.bin
 fi
 if stage test; then
   # CI runs the CPU kernels' tests; here the CUDA ones (and the platform-free tests).

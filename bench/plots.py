@@ -89,3 +89,5 @@ def write_all(results, out: pathlib.Path):
     _attention_plot(results["attention"], results["meta"], out / "attention.png")
   if results.get("decode"):
     _decode_plot(results["decode"], results["meta"], out / "decode.png")
+  if results.get("embedding"):  # GB/s bars per shape and implementation, as the norms'
+    _norm_plot(results["embedding"], results["meta"], out / "embedding.png")

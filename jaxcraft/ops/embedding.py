@@ -49,7 +49,7 @@ MODES = {"fill": 0, "clip": 1, "wrap": 2}
 #         0.30 / 1.17, 5.2 / 15.4 (skewed ids 0.18 / 0.62, 4.7 / 15.1);
 #         4k x 64, 16k ids 0.11 / 0.26, 0.41 / 0.56; float32 alike (fwd at
 #         8k x 256 a tie, 0.086 / 0.078). XLA's CPU scatter-add is slower
-#         than the kernel's per-row sums; its gather writes through an extra copy.
+#         than the kernel's per-row sums.
 DEFAULT_IMPLEMENTATION = {
     # platform: (forward, backward)
     "cuda": ("kernel", "kernel"),

@@ -26,8 +26,10 @@ constexpr int kUnclaimedByte = 0xff;
 template <typename T>
 constexpr int kVecN = kVecBytes / int(sizeof(T));
 
+// kN elements moved together: 16-byte aligned accesses when the pack is 16
+// bytes or more (a float32 pack of 8 is two of them), else element-aligned.
 template <typename T, int kN>
-struct alignas(sizeof(T) * kN) Pack {
+struct alignas(sizeof(T) * kN < kVecBytes ? sizeof(T) * kN : kVecBytes) Pack {
   T v[kN];
 };
 
