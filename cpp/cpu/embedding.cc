@@ -72,7 +72,7 @@ template <typename T>
 void bwd_typed(const EmbeddingBwdParams& p, const TaskRunner* runner) {
   const int64_t V = p.rows, N = p.num_ids;
   std::vector<int32_t> own_starts, own_order;
-  int32_t* starts = p.row_index;  // [V + 1]
+  int32_t* starts = p.row_index;  // its first V + 1 entries
   if (!starts) {
     own_starts.resize(V + 1);
     starts = own_starts.data();

@@ -19,9 +19,6 @@ constexpr int kVecBytes = 16;  // one LDG.128 / STG.128
 // Packs a thread keeps in flight per row: 2 x 16 B x 2048 threads = 64 KiB per
 // SM, over the ~25 KiB per SM that HBM3's bandwidth-latency product needs.
 constexpr int kPacksPerThread = 2;
-// fast path: row_index entries start at -1 (memset 0xff): no id claimed the row.
-constexpr int32_t kUnclaimed = -1;
-constexpr int kUnclaimedByte = 0xff;
 
 template <typename T>
 constexpr int kVecN = kVecBytes / int(sizeof(T));
@@ -136,28 +133,31 @@ __global__ void __launch_bounds__(kBlockThreads) scatter_add_f32_kernel(Embeddin
   }
 }
 
-// 16-bit tables, step 1 of 4: each table row records the last id position
-// that reads it (row_index starts at kUnclaimed).
+// 16-bit tables, step 1 of 4: count the ids that read each table row
+// (count = row_index + rows, zeroed by the launcher); the first to arrive
+// becomes the row's owner (the only writer of row_index[r]).
 __global__ void __launch_bounds__(kBlockThreads) claim_rows_kernel(EmbeddingBwdParams p) {
+  int32_t* count = p.row_index + p.rows;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < p.num_ids;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = embedding_row(p.ids[i], p.rows, p.mode);
-    if (r < p.rows) atomicMax(p.row_index + r, int32_t(i));
+    if (r < p.rows && atomicAdd(count + r, 1) == 0) p.row_index[r] = int32_t(i);
   }
 }
 
-// Steps 2 and 3: kOwner: the claiming position stores its dout row, in
-// float32, as scratch row i (plain stores: scratch needs no zeroing); then,
-// in a second launch, !kOwner: every other position adds into that row.
+// Steps 2 and 3, for rows read more than once: kOwner: the owner stores its
+// dout row, in float32, as scratch row `owner` (plain stores: scratch needs
+// no zeroing); then, in a second launch, !kOwner: the other ids add into it.
 template <typename T, int kN, bool kOwner>
 __global__ void __launch_bounds__(kBlockThreads) accumulate_kernel(EmbeddingBwdParams p, Layout l) {
   using P = Pack<T, kN>;
   using F = Pack<float, kN>;
   const int64_t packs = p.dim / kN;
   const P* __restrict__ dout = static_cast<const P*>(p.dout);
+  const int32_t* count = p.row_index + p.rows;
   for (int64_t i = l.first_row(); i < p.num_ids; i += l.row_stride()) {
     const int64_t r = embedding_row(p.ids[i], p.rows, p.mode);
-    if (r >= p.rows) continue;
+    if (r >= p.rows || count[r] < 2) continue;
     const int64_t owner = p.row_index[r];
     if ((owner == i) != kOwner) continue;
     float* dst = p.scratch + owner * p.dim;
@@ -173,24 +173,34 @@ __global__ void __launch_bounds__(kBlockThreads) accumulate_kernel(EmbeddingBwdP
   }
 }
 
-// Step 4: every table row: its scratch row rounded to T, or zeros.
+// Step 4: every table row once: zeros (no id), the owner's dout row (one
+// id: the float32 sum of one term is that term), or the rounded scratch sum.
 template <typename T, int kN>
 __global__ void __launch_bounds__(kBlockThreads) finalize_kernel(EmbeddingBwdParams p, Layout l) {
   using P = Pack<T, kN>;
   using F = Pack<float, kN>;
   const int64_t packs = p.dim / kN;
+  const P* __restrict__ dout = static_cast<const P*>(p.dout);
   P* __restrict__ dtable = static_cast<P*>(p.dtable);
+  const int32_t* count = p.row_index + p.rows;
   for (int64_t r = l.first_row(); r < p.rows; r += l.row_stride()) {
-    const int64_t owner = p.row_index[r];
+    const int32_t n = count[r];
+    const int64_t owner = n > 0 ? p.row_index[r] : 0;
+    const F* sums = reinterpret_cast<const F*>(p.scratch + owner * p.dim);
     for (int64_t c = l.lane(); c < packs; c += l.group()) {
       P out;
-      if (owner != kUnclaimed) {
-        const F v = reinterpret_cast<const F*>(p.scratch + owner * p.dim)[c];
+      if (n == 1) {
+        out = dout[owner * packs + c];
+      } else {
+        F v;
+        if (n > 1) {
+          v = sums[c];
+        } else {
+#pragma unroll
+          for (int j = 0; j < kN; ++j) v.v[j] = 0.f;
+        }
 #pragma unroll
         for (int j = 0; j < kN; ++j) out.v[j] = from_f32<T>(v.v[j]);
-      } else {
-#pragma unroll
-        for (int j = 0; j < kN; ++j) out.v[j] = from_f32<T>(0.f);
       }
       dtable[r * packs + c] = out;
     }

@@ -86,13 +86,11 @@ cudaError_t bwd_atomic_f32(const EmbeddingBwdParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// Fast, 16-bit table: float32 sums in scratch rows claimed per table row
-// (only rows some id reads are touched in scratch), then one rounding pass
-// over the table.
+// Fast, 16-bit table: float32 sums in scratch rows for table rows read more
+// than once, then one pass over the table (zeros, copies, rounded sums).
 template <typename T, int kN>
 cudaError_t bwd_atomic_scratch(const EmbeddingBwdParams& p, cudaStream_t stream) {
-  cudaError_t err = cudaMemsetAsync(p.row_index, embedding::kUnclaimedByte,
-                                    sizeof(int32_t) * p.rows, stream);
+  cudaError_t err = cudaMemsetAsync(p.row_index + p.rows, 0, sizeof(int32_t) * p.rows, stream);
   if (err != cudaSuccess) return err;
   const Layout l = layout_for(p.dim / kN);
   const int64_t id_grid = grid_for(p.num_ids, l);

@@ -54,9 +54,11 @@ struct EmbeddingFwdParams {
 //   dout : [num_ids, dim] in `dtype`;  ids : [num_ids] int32;  dtable : [rows, dim]
 // Two ways (CUDA), chosen by `sorted_rows`:
 //  - sorted_rows == null (fast): float32 atomics. float32 tables add straight
-//    into dtable. 16-bit tables use `scratch` [num_ids, dim] float32: row r is
-//    summed in scratch row row_index[r] (the last id that reads r), then one
-//    pass over the table rounds it (or writes zeros). row_index: [rows + 1].
+//    into dtable. 16-bit tables: row_index[rows + r] counts the ids that read
+//    row r and row_index[r] names one of them (its owner); a row read more
+//    than once is summed in float32 `scratch` row owner ([num_ids, dim]);
+//    then one pass over the table writes every row: zeros, the owner's dout
+//    row (read once: an exact copy), or the rounded scratch sum.
 //  - sorted_rows != null (deterministic, bit-identical across runs):
 //    sorted_rows[k] = embedding_row(ids[order[k]]) in ascending order, equal
 //    rows by ascending position (a stable sort; `rows` marks dropped ids).
@@ -74,7 +76,7 @@ struct EmbeddingBwdParams {
   const int32_t* order = nullptr;        // with sorted_rows
   void* dtable = nullptr;
   float* scratch = nullptr;     // [num_ids, dim]: fast path, 16-bit dtypes (else null)
-  int32_t* row_index = nullptr; // [rows + 1]
+  int32_t* row_index = nullptr; // [2 * rows + 1] int32 scratch
 };
 
 }  // namespace jaxcraft
