@@ -8,6 +8,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jaxcraft
+from jaxcraft import _ffi
 from jaxcraft.ops import embedding as emb
 from numerics import assert_close, f64, random
 
@@ -215,6 +216,32 @@ def test_id_dtypes(platform, mode):
   for dt in (jnp.int8, jnp.uint8, jnp.int16):
     small = jnp.array([0, 3, 100, -1 if dt != jnp.uint8 else 200], dt)
     _equal(lookup(small), expected(np.asarray(small).astype(np.int64)))
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_export_round_trip(platform, monkeypatch, deterministic):
+  # The artifact runs the kernels, whatever the policy.
+  monkeypatch.setitem(emb.DEFAULT_IMPLEMENTATION, platform, ("kernel", "kernel"))
+  table = random(jax.random.key(11), (ROWS, 24), jnp.bfloat16)
+  ids = _ids(jax.random.key(12), (5, 3))
+
+  def step(table, ids):
+    loss = lambda t: jnp.sum(jnp.sin(jaxcraft.embedding_lookup(
+        t, ids, mode="wrap", deterministic=deterministic).astype(jnp.float32)))
+    return jax.value_and_grad(loss)(table)
+
+  exported = jax.export.export(jax.jit(step), platforms=(platform,),
+                               disabled_checks=jaxcraft.EXPORT_DISABLED_CHECKS)(table, ids)
+  module = exported.mlir_module()
+  for target in (_ffi.EMBEDDING_FWD, _ffi.EMBEDDING_BWD):
+    assert f"@{target}(" in module, target
+  restored = jax.export.deserialize(exported.serialize())
+  for got, want in zip(jax.tree.leaves(restored.call(table, ids)),
+                       jax.tree.leaves(jax.jit(step)(table, ids))):
+    if deterministic:
+      np.testing.assert_array_equal(f64(got), f64(want))
+    else:  # CUDA atomics may add a repeated row's terms in another order
+      np.testing.assert_allclose(f64(got), f64(want), rtol=1e-2, atol=1e-5)
 
 
 def test_bad_input():

@@ -109,6 +109,8 @@ FUNCTIONS = {"forward": _forward, "step": _step}
 # Every target a training step uses: all but inference-only decode attention
 # (tests/test_decode_attention.py exports that one).
 STEP_TARGETS = tuple(t for t in _ffi.TARGETS if t != _ffi.DECODE_ATTENTION_FWD)
+# The embedding lookup is not in this step (tests/test_embedding.py exports it).
+STEP_TARGETS = tuple(t for t in STEP_TARGETS if t not in (_ffi.EMBEDDING_FWD, _ffi.EMBEDDING_BWD))
 TARGETS_USED = {"forward": (_ffi.NORM_FWD, _ffi.ATTENTION_FWD), "step": STEP_TARGETS}
 
 
