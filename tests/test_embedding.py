@@ -56,8 +56,9 @@ def _equal(a, b):
   np.testing.assert_array_equal(f64(a), f64(b))  # NaN == NaN here
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("mode", MODES)
+# float16 shares bfloat16's code paths (16-bit packs): one mode is enough.
+@pytest.mark.parametrize("dtype,mode", [(d, m) for d in DTYPES for m in MODES
+                                        if d != jnp.float16 or m is None])
 @pytest.mark.parametrize("dim", DIMS)
 def test_forward_parity(platform, dtype, mode, dim):
   k = jax.random.split(jax.random.key(dim), 2)
@@ -311,35 +312,39 @@ def _sharding_inputs():
   return table, ids, random(k[2], (8, 6, 64), jnp.float32)
 
 
-# (ids spec, table spec, collectives expected in the forward). The gradient
-# adds one all-reduce (the sum of the devices' table gradients) where the ids
-# are sharded.
+# (ids spec, table spec, collectives expected in the forward or None: not
+# checked). The gradient adds one all-reduce (the sum of the devices' table
+# gradients) where the ids are sharded.
 SHARDINGS = [(P("data"), P(), []),                        # batch-sharded ids, replicated table
              (P("data", "model"), P(), []),
              (P(), P(None, "model"), []),                 # table sharded over D
              (P("data"), P(None, "model"), []),
+             (P("model"), P(None, "model"), None),  # one mesh axis for both: D gathered
              (P("data"), P("model", None), ["all-gather"])]  # over V: gathered
 
 
 @pytest.mark.parametrize("ids_spec,table_spec,expected", SHARDINGS,
-                         ids=["ids", "ids2d", "tableD", "ids+tableD", "tableV"])
+                         ids=["ids", "ids2d", "tableD", "ids+tableD", "same-axis", "tableV"])
 def test_sharded_jit(mesh, ids_spec, table_spec, expected):
   table, ids, w = _sharding_inputs()
   ts = jax.device_put(table, NamedSharding(mesh, table_spec))
   is_ = jax.device_put(ids, NamedSharding(mesh, ids_spec))
   fwd = lambda t, i: jaxcraft.embedding_lookup(t, i, implementation="cpu")
-  assert _collectives(fwd, ts, is_) == expected
+  if expected is not None:
+    assert _collectives(fwd, ts, is_) == expected
   out = jax.jit(fwd)(ts, is_)
   _equal(out, jnp.take(table, ids, axis=0))
   spec = tuple(out.sharding.spec)
-  assert spec[:len(ids_spec)] == tuple(ids_spec)[:len(spec)]
+  if expected is not None:
+    assert spec[:len(ids_spec)] == tuple(ids_spec)[:len(spec)]
   if table_spec == P(None, "model") and "model" not in tuple(ids_spec):
     assert spec[-1] == "model"
   for det in (False, True):
     loss = lambda t, i: jnp.sum(jnp.nan_to_num(jaxcraft.embedding_lookup(
         t, i, deterministic=det, implementation="cpu")) * w)
-    reduce = ["all-reduce"] if tuple(ids_spec) else []
-    assert _collectives(jax.grad(loss), ts, is_) == expected + reduce
+    if expected is not None:
+      reduce = ["all-reduce"] if tuple(ids_spec) else []
+      assert _collectives(jax.grad(loss), ts, is_) == expected + reduce
     grad = jax.jit(jax.grad(loss))(ts, is_)
     ref = jax.grad(lambda t: jnp.sum(jnp.nan_to_num(jnp.take(t, ids, axis=0)) * w))(table)
     np.testing.assert_allclose(grad, ref, rtol=1e-5, atol=1e-5)

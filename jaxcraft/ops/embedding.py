@@ -119,8 +119,14 @@ def _result(like, others, shape, dtype, spec=()):
   return aval.update(vma=union)
 
 
+def _out_spec(table, ids):
+  """The output's sharding: the ids', then D's unless an id axis uses its mesh axis."""
+  lead = _primitive.row_spec(ids, ids.ndim)
+  return lead + (_dim_spec(_primitive.row_spec(table, 2)[1], lead),)
+
+
 def _fwd_kernel_abstract(table, ids, *, mode, fill_value, implementation):
-  spec = _primitive.row_spec(ids, 1) + (_primitive.row_spec(table, 2)[1],)
+  spec = _out_spec(table, ids)
   return (_result(ids, [table], (ids.shape[0], table.shape[1]), table.dtype, spec),)
 
 
@@ -266,7 +272,7 @@ def _make_bwd_partitioned(shapes, *, cfg: _Cfg):
 
 
 def _fwd_abstract(table, ids, *, cfg):
-  spec = _primitive.row_spec(ids, ids.ndim) + (_primitive.row_spec(table, 2)[1],)
+  spec = _out_spec(table, ids)
   return [_result(ids, [table], (*ids.shape, table.shape[1]), table.dtype, spec)]
 
 
