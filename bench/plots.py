@@ -91,3 +91,5 @@ def write_all(results, out: pathlib.Path):
     _norm_plot(results["activations"], results["meta"], out / "activations.png")
   if results.get("decode"):
     _decode_plot(results["decode"], results["meta"], out / "decode.png")
+  if results.get("embedding"):  # GB/s bars per shape and implementation, as the norms'
+    _norm_plot(results["embedding"], results["meta"], out / "embedding.png")

@@ -117,9 +117,28 @@ def activations_cases():
       jax.block_until_ready(vjp(out))
 
 
+def embedding_cases():
+  # Every kernel: the forward with 16-byte and scalar packs (D % 8 != 0) and
+  # fill rows; the fast backward (float32 atomics into dtable; bf16 / f16
+  # through the claimed scratch rows), the deterministic one (sorted runs),
+  # each mode; a hot row (long runs, contended atomics).
+  rng = np.random.default_rng(4)
+  for (V, D, N), dtype, mode in [((37, 64, 300), jnp.bfloat16, None), ((37, 13, 300), jnp.float32, "clip"),
+                                 ((50, 1000, 120), jnp.float16, "wrap"), ((1000, 96, 500), jnp.float32, None)]:
+    table = jnp.asarray(rng.standard_normal((V, D)), dtype)
+    ids = rng.integers(-V - 5, V + 5, N)
+    ids[: N // 2] = 7  # a hot row
+    ids = jnp.asarray(ids, jnp.int32)
+    for deterministic in (False, True):
+      fn = lambda t: jaxcraft.embedding_lookup(t, ids, mode=mode, deterministic=deterministic,
+                                               implementation="cuda")
+      out, vjp = jax.vjp(fn, table)
+      jax.block_until_ready(vjp(jnp.nan_to_num(out)))
+
+
 CASES = {"norm": norm_cases, "attention": attention_cases, "variants": variant_cases,
          "decode": decode_cases}
-CASES["activations"] = activations_cases
+CASES.update(activations=activations_cases, embedding=embedding_cases)
 
 if __name__ == "__main__":
   for name in sys.argv[1].split(","):

@@ -180,3 +180,42 @@ TRAIN_SPECS = {
     "smoke": TrainSpec(layers=2, d_model=128, heads=4, seqlen=128, batch=2, vocab=256,
                        mlp_hidden=384),
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbeddingSpec:
+  """An embedding lookup: `ids` ids into a [vocab, dim] table. `skew`: the
+  fraction of ids drawn from `hot` rows (many repeats), the rest uniform."""
+  vocab: int
+  dim: int
+  ids: int
+  skew: float = 0.0
+  hot: int = 100
+
+  @property
+  def name(self) -> str:
+    k = lambda n: f"{n // 1024}k" if n >= 1024 else str(n)
+    kind = f" skew{round(100 * self.skew)}/{self.hot}" if self.skew else " uniform"
+    return f"{k(self.vocab)} x {self.dim} {k(self.ids)} ids{kind}"
+
+  def fwd_bytes(self, itemsize: int) -> int:
+    """Read the ids' rows of the table, write them out (ids: 4 bytes each)."""
+    return 2 * self.ids * self.dim * itemsize + 4 * self.ids
+
+  def bwd_bytes(self, itemsize: int) -> int:
+    """Read the cotangent [ids, dim]; write the whole dense gradient [vocab,
+    dim] once (every row, zeros included, must be written: it is the output).
+    XLA's scatter-add touches more: it writes the zero table, then
+    reads-modifies-writes the ids' rows, ~(vocab + 2 ids) x dim; counted here
+    is only what must be touched."""
+    return (self.ids + self.vocab) * self.dim * itemsize + 4 * self.ids
+
+  def fwd_bwd_bytes(self, itemsize: int) -> int:
+    return self.fwd_bytes(itemsize) + self.bwd_bytes(itemsize)
+
+
+EMBEDDING_SPECS = [EmbeddingSpec(131072, 4096, 16384), EmbeddingSpec(131072, 4096, 16384, skew=0.9),
+                   EmbeddingSpec(32768, 1024, 16384), EmbeddingSpec(32768, 1024, 16384, skew=0.9)]
+# Small versions of the same layout (tests/test_embedding.py's shapes are
+# smaller still); JAXCRAFT_BENCH_SMOKE=1 runs them (CPU plumbing check).
+EMBEDDING_SMOKE_SPECS = [EmbeddingSpec(8192, 256, 2048), EmbeddingSpec(8192, 256, 2048, skew=0.9, hot=10)]

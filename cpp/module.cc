@@ -24,6 +24,8 @@ NB_MODULE(_jaxcraft, m) {
     cpu["jaxcraft_decode_attention_fwd"] = capsule(jaxcraft_decode_attention_fwd_cpu);
     cpu["jaxcraft_activation_fwd"] = capsule(jaxcraft_activation_fwd_cpu);
     cpu["jaxcraft_activation_bwd"] = capsule(jaxcraft_activation_bwd_cpu);
+    cpu["jaxcraft_embedding_fwd"] = capsule(jaxcraft_embedding_fwd_cpu);
+    cpu["jaxcraft_embedding_bwd"] = capsule(jaxcraft_embedding_bwd_cpu);
 #ifdef JAXCRAFT_WITH_CUDA
     cuda["jaxcraft_norm_fwd"] = capsule(jaxcraft_norm_fwd_cuda);
     cuda["jaxcraft_norm_bwd"] = capsule(jaxcraft_norm_bwd_cuda);
@@ -32,6 +34,8 @@ NB_MODULE(_jaxcraft, m) {
     cuda["jaxcraft_decode_attention_fwd"] = capsule(jaxcraft_decode_attention_fwd_cuda);
     cuda["jaxcraft_activation_fwd"] = capsule(jaxcraft_activation_fwd_cuda);
     cuda["jaxcraft_activation_bwd"] = capsule(jaxcraft_activation_bwd_cuda);
+    cuda["jaxcraft_embedding_fwd"] = capsule(jaxcraft_embedding_fwd_cuda);
+    cuda["jaxcraft_embedding_bwd"] = capsule(jaxcraft_embedding_bwd_cuda);
 #endif
     nb::dict out;
     out["cpu"] = cpu;

@@ -18,8 +18,10 @@ ATTENTION_BWD = "jaxcraft_attention_bwd_v2"
 DECODE_ATTENTION_FWD = "jaxcraft_decode_attention_fwd"
 ACTIVATION_FWD = "jaxcraft_activation_fwd"
 ACTIVATION_BWD = "jaxcraft_activation_bwd"
+EMBEDDING_FWD = "jaxcraft_embedding_fwd"
+EMBEDDING_BWD = "jaxcraft_embedding_bwd"
 TARGETS = (NORM_FWD, NORM_BWD, ATTENTION_FWD, ATTENTION_BWD, DECODE_ATTENTION_FWD)
-TARGETS += (ACTIVATION_FWD, ACTIVATION_BWD)
+TARGETS += (ACTIVATION_FWD, ACTIVATION_BWD, EMBEDDING_FWD, EMBEDDING_BWD)
 
 # jax.export refuses custom calls it does not know to be stable; ours are,
 # as long as jaxcraft (which registers them) is installed where the artifact runs.

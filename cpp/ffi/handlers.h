@@ -12,6 +12,8 @@ JAXCRAFT_DECLARE_HANDLER(jaxcraft_attention_bwd_v2_cpu);
 JAXCRAFT_DECLARE_HANDLER(jaxcraft_decode_attention_fwd_cpu);
 JAXCRAFT_DECLARE_HANDLER(jaxcraft_activation_fwd_cpu);
 JAXCRAFT_DECLARE_HANDLER(jaxcraft_activation_bwd_cpu);
+JAXCRAFT_DECLARE_HANDLER(jaxcraft_embedding_fwd_cpu);
+JAXCRAFT_DECLARE_HANDLER(jaxcraft_embedding_bwd_cpu);
 #ifdef JAXCRAFT_WITH_CUDA
 JAXCRAFT_DECLARE_HANDLER(jaxcraft_norm_fwd_cuda);
 JAXCRAFT_DECLARE_HANDLER(jaxcraft_norm_bwd_cuda);
@@ -20,4 +22,6 @@ JAXCRAFT_DECLARE_HANDLER(jaxcraft_attention_bwd_v2_cuda);
 JAXCRAFT_DECLARE_HANDLER(jaxcraft_decode_attention_fwd_cuda);
 JAXCRAFT_DECLARE_HANDLER(jaxcraft_activation_fwd_cuda);
 JAXCRAFT_DECLARE_HANDLER(jaxcraft_activation_bwd_cuda);
+JAXCRAFT_DECLARE_HANDLER(jaxcraft_embedding_fwd_cuda);
+JAXCRAFT_DECLARE_HANDLER(jaxcraft_embedding_bwd_cuda);
 #endif

@@ -754,6 +754,25 @@ void bench(int B, int S, int N, int H, bool causal) {
   }
 }
 
+// One forward and one backward (for a profiler to pick the kernels out).
+void profile_bwd(int B, int S, int N, int H, bool causal) {
+  TimingBuffers buf(B, S, N, H, 7);
+  jaxcraft::AttentionFwdParams fp;
+  fp.shape = {B, S, S, N, N, H};
+  fp.mask.causal = causal;
+  fp.scale = 1.f / std::sqrt(float(H));
+  fp.q = buf.q, fp.k = buf.k, fp.v = buf.v, fp.o = buf.o, fp.lse = buf.lse;
+  jaxcraft::AttentionBwdParams bp;
+  bp.shape = fp.shape;
+  bp.mask = fp.mask;
+  bp.scale = fp.scale;
+  bp.q = buf.q, bp.k = buf.k, bp.v = buf.v, bp.o = buf.o, bp.d_o = buf.d_o, bp.lse = buf.lse;
+  bp.dq = buf.gq, bp.dk = buf.gk, bp.dv = buf.gv, bp.delta = buf.delta, bp.dq_accum = buf.acc;
+  CHECK(jaxcraft::launch_attention_fwd(fp, 0));
+  CHECK(jaxcraft::launch_attention_bwd(bp, 0));
+  CHECK(cudaDeviceSynchronize());
+}
+
 template <typename F>
 double time_ms(F&& f) {
   cudaEvent_t e0, e1;
@@ -1092,6 +1111,11 @@ int main(int argc, char** argv) {
                                         : "launcher's choice (Hopper where it applies)");
   if (has_arg(argc, argv, "shapes")) {
     dkdv_feature_shapes(4, 2048, 16);
+    return 0;
+  }
+  if (has_arg(argc, argv, "profile")) {  // one backward per shape, for ncu
+    for (bool causal : {true, false}) profile_bwd(8, 2048, 32, 64, causal);
+    profile_bwd(2, 8192, 16, 128, false);
     return 0;
   }
   if (has_arg(argc, argv, "featbench")) {

@@ -1,0 +1,268 @@
+// Embedding lookup kernels. Rows are moved as packs of kN elements (one
+// 16-byte access when the row width and pointers allow it, else kN = 1).
+// Threads are laid out in groups of `group` (a power of two, 1..kBlockThreads)
+// consecutive threads per row, so narrow rows share a warp and wide rows get
+// up to a whole block; blocks walk rows grid-stride.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "kernels/embedding/params.h"
+
+namespace jaxcraft {
+namespace embedding {
+
+constexpr int kBlockThreads = 256;
+constexpr int kVecBytes = 16;  // one LDG.128 / STG.128
+// Packs a thread keeps in flight per row: 2 x 16 B x 2048 threads = 64 KiB per
+// SM, over the ~25 KiB per SM that HBM3's bandwidth-latency product needs.
+constexpr int kPacksPerThread = 2;
+
+template <typename T>
+constexpr int kVecN = kVecBytes / int(sizeof(T));
+
+// kN elements moved together: 16-byte aligned accesses when the pack is 16
+// bytes or more (a float32 pack of 8 is two of them), else element-aligned.
+template <typename T, int kN>
+struct alignas(sizeof(T) * kN < kVecBytes ? sizeof(T) * kN : kVecBytes) Pack {
+  T v[kN];
+};
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+
+// Where a thread sits: row slot `slot` of its block, lane `lane` of the row's group.
+struct Layout {
+  int shift;  // log2(group)
+  __device__ int group() const { return 1 << shift; }
+  __device__ int lane() const { return threadIdx.x & ((1 << shift) - 1); }
+  __device__ int64_t first_row() const {
+    return int64_t(blockIdx.x) * (kBlockThreads >> shift) + (threadIdx.x >> shift);
+  }
+  __device__ int64_t row_stride() const { return int64_t(gridDim.x) * (kBlockThreads >> shift); }
+};
+
+// Adds kN floats at p (16-byte aligned when kN == 4) without reading back:
+// sm_90 has a vector reduction (one L2 request for 4 floats).
+template <int kN>
+__device__ __forceinline__ void red_add_scalar(float* p, const float (&v)[kN]) {
+#pragma unroll
+  for (int j = 0; j < kN; ++j) atomicAdd(p + j, v[j]);  // result unused: compiles to RED
+}
+
+template <int kN>
+__device__ __forceinline__ void red_add(float* p, const float (&v)[kN]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (kN % 4 == 0) {
+#pragma unroll
+    for (int j = 0; j < kN; j += 4)
+      asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p + j), "f"(v[j]),
+                   "f"(v[j + 1]), "f"(v[j + 2]), "f"(v[j + 3])
+                   : "memory");
+  } else {
+    red_add_scalar(p, v);
+  }
+#else
+  red_add_scalar(p, v);
+#endif
+}
+
+template <typename T, int kN>
+__device__ __forceinline__ void unpack(const Pack<T, kN>& in, float (&out)[kN]) {
+#pragma unroll
+  for (int j = 0; j < kN; ++j) out[j] = to_f32(in.v[j]);
+}
+
+// ------------------------------------------------------------------ forward
+// Group g copies table row embedding_row(ids[i]) to out row i (or the fill).
+template <typename T, int kN>
+__global__ void __launch_bounds__(kBlockThreads) lookup_kernel(EmbeddingFwdParams p, Layout l) {
+  using P = Pack<T, kN>;
+  const int64_t packs = p.dim / kN;
+  const P* __restrict__ table = static_cast<const P*>(p.table);
+  P* __restrict__ out = static_cast<P*>(p.out);
+  P fill;
+#pragma unroll
+  for (int j = 0; j < kN; ++j) fill.v[j] = from_f32<T>(p.fill_value);
+  const int group = l.group();
+  for (int64_t i = l.first_row(); i < p.num_ids; i += l.row_stride()) {
+    const int64_t r = embedding_row(p.ids[i], p.rows, p.mode);
+    P* dst = out + i * packs;
+    if (r >= p.rows) {
+      for (int64_t c = l.lane(); c < packs; c += group) dst[c] = fill;
+      continue;
+    }
+    const P* src = table + r * packs;
+    for (int64_t c0 = l.lane(); c0 < packs; c0 += group * kPacksPerThread) {
+      P v[kPacksPerThread];
+#pragma unroll
+      for (int u = 0; u < kPacksPerThread; ++u)
+        if (c0 + u * group < packs) v[u] = src[c0 + u * group];
+#pragma unroll
+      for (int u = 0; u < kPacksPerThread; ++u)
+        if (c0 + u * group < packs) dst[c0 + u * group] = v[u];
+    }
+  }
+}
+
+// ------------------------------------------------------- fast backward (atomics)
+// float32 tables: dtable (zeroed by the launcher) += dout rows.
+template <int kN>
+__global__ void __launch_bounds__(kBlockThreads) scatter_add_f32_kernel(EmbeddingBwdParams p, Layout l) {
+  using P = Pack<float, kN>;
+  const int64_t packs = p.dim / kN;
+  const P* __restrict__ dout = static_cast<const P*>(p.dout);
+  float* dtable = static_cast<float*>(p.dtable);
+  for (int64_t i = l.first_row(); i < p.num_ids; i += l.row_stride()) {
+    const int64_t r = embedding_row(p.ids[i], p.rows, p.mode);
+    if (r >= p.rows) continue;
+    for (int64_t c = l.lane(); c < packs; c += l.group()) {
+      const P v = dout[i * packs + c];
+      red_add(dtable + r * p.dim + c * kN, v.v);
+    }
+  }
+}
+
+// 16-bit tables, step 1 of 4: count the ids that read each table row
+// (count = row_index + rows, zeroed by the launcher); the first to arrive
+// becomes the row's owner (the only writer of row_index[r]).
+__global__ void __launch_bounds__(kBlockThreads) claim_rows_kernel(EmbeddingBwdParams p) {
+  int32_t* count = p.row_index + p.rows;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < p.num_ids;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = embedding_row(p.ids[i], p.rows, p.mode);
+    if (r < p.rows && atomicAdd(count + r, 1) == 0) p.row_index[r] = int32_t(i);
+  }
+}
+
+// Steps 2 and 3, for rows read more than once: kOwner: the owner stores its
+// dout row, in float32, as scratch row `owner` (plain stores: scratch needs
+// no zeroing); then, in a second launch, !kOwner: the other ids add into it.
+template <typename T, int kN, bool kOwner>
+__global__ void __launch_bounds__(kBlockThreads) accumulate_kernel(EmbeddingBwdParams p, Layout l) {
+  using P = Pack<T, kN>;
+  using F = Pack<float, kN>;
+  const int64_t packs = p.dim / kN;
+  const P* __restrict__ dout = static_cast<const P*>(p.dout);
+  const int32_t* count = p.row_index + p.rows;
+  for (int64_t i = l.first_row(); i < p.num_ids; i += l.row_stride()) {
+    const int64_t r = embedding_row(p.ids[i], p.rows, p.mode);
+    if (r >= p.rows || count[r] < 2) continue;
+    const int64_t owner = p.row_index[r];
+    if ((owner == i) != kOwner) continue;
+    float* dst = p.scratch + owner * p.dim;
+    for (int64_t c = l.lane(); c < packs; c += l.group()) {
+      F v;
+      unpack(dout[i * packs + c], v.v);
+      if constexpr (kOwner) {
+        reinterpret_cast<F*>(dst)[c] = v;
+      } else {
+        red_add(dst + c * kN, v.v);
+      }
+    }
+  }
+}
+
+// Step 4: every table row once: zeros (no id), the owner's dout row (one
+// id: the float32 sum of one term is that term), or the rounded scratch sum.
+template <typename T, int kN>
+__global__ void __launch_bounds__(kBlockThreads) finalize_kernel(EmbeddingBwdParams p, Layout l) {
+  using P = Pack<T, kN>;
+  using F = Pack<float, kN>;
+  const int64_t packs = p.dim / kN;
+  const P* __restrict__ dout = static_cast<const P*>(p.dout);
+  P* __restrict__ dtable = static_cast<P*>(p.dtable);
+  const int32_t* count = p.row_index + p.rows;
+  for (int64_t r = l.first_row(); r < p.rows; r += l.row_stride()) {
+    const int32_t n = count[r];
+    const int64_t owner = n > 0 ? p.row_index[r] : 0;
+    const F* sums = reinterpret_cast<const F*>(p.scratch + owner * p.dim);
+    for (int64_t c = l.lane(); c < packs; c += l.group()) {
+      P out;
+      if (n == 1) {
+        out = dout[owner * packs + c];
+      } else {
+        F v;
+        if (n > 1) {
+          v = sums[c];
+        } else {
+#pragma unroll
+          for (int j = 0; j < kN; ++j) v.v[j] = 0.f;
+        }
+#pragma unroll
+        for (int j = 0; j < kN; ++j) out.v[j] = from_f32<T>(v.v[j]);
+      }
+      dtable[r * packs + c] = out;
+    }
+  }
+}
+
+// -------------------------------------------------- deterministic backward
+// row_index[r] = first k with sorted_rows[k] >= r, for r in [0, rows]: one
+// binary search per thread (sorted_rows is small and stays in L2).
+__global__ void __launch_bounds__(kBlockThreads) segment_bounds_kernel(EmbeddingBwdParams p) {
+  for (int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; r <= p.rows;
+       r += int64_t(gridDim.x) * blockDim.x) {
+    int64_t lo = 0, hi = p.num_ids;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (p.sorted_rows[mid] < r) lo = mid + 1; else hi = mid;
+    }
+    p.row_index[r] = int32_t(lo);
+  }
+}
+
+// Each table row sums its run of dout rows in sorted (= position) order,
+// float32, and writes the row once (zeros for an empty run): every dtable
+// element is one fixed sequence of adds, so the result is bit-identical
+// from run to run.
+template <typename T, int kN>
+__global__ void __launch_bounds__(kBlockThreads) segment_sum_kernel(EmbeddingBwdParams p, Layout l) {
+  using P = Pack<T, kN>;
+  const int64_t packs = p.dim / kN;
+  const P* __restrict__ dout = static_cast<const P*>(p.dout);
+  P* __restrict__ dtable = static_cast<P*>(p.dtable);
+  const int group = l.group();
+  for (int64_t r = l.first_row(); r < p.rows; r += l.row_stride()) {
+    const int64_t begin = p.row_index[r], end = p.row_index[r + 1];
+    for (int64_t c0 = l.lane(); c0 < packs; c0 += group * kPacksPerThread) {
+      float acc[kPacksPerThread][kN] = {};
+      // No stores in the loop: the compiler may run the unrolled loads ahead.
+#pragma unroll 4
+      for (int64_t k = begin; k < end; ++k) {
+        const int64_t src = int64_t(p.order[k]) * packs;
+#pragma unroll
+        for (int u = 0; u < kPacksPerThread; ++u) {
+          if (c0 + u * group < packs) {
+            float v[kN];
+            unpack(dout[src + c0 + u * group], v);
+#pragma unroll
+            for (int j = 0; j < kN; ++j) acc[u][j] += v[j];
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kPacksPerThread; ++u) {
+        if (c0 + u * group < packs) {
+          P out;
+#pragma unroll
+          for (int j = 0; j < kN; ++j) out.v[j] = from_f32<T>(acc[u][j]);
+          dtable[r * packs + c0 + u * group] = out;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace embedding
+}  // namespace jaxcraft

@@ -1,0 +1,151 @@
+// Chooses the pack width and thread layout of the embedding kernels and
+// launches them (kernels: embedding_kernels.cuh).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+
+#include "kernels/embedding/embedding_kernels.cuh"
+#include "kernels/embedding/launch.h"
+
+namespace jaxcraft {
+namespace {
+
+using embedding::kBlockThreads;
+using embedding::kPacksPerThread;
+using embedding::kVecN;
+using embedding::Layout;
+
+// Enough resident groups for any current GPU without a giant grid:
+// grid-stride loops cover the rest.
+constexpr int64_t kMaxGrid = 1 << 16;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// 16-byte packs need whole packs per row and 16-byte aligned rows.
+template <typename T>
+bool can_vectorize(int64_t dim, std::initializer_list<const void*> ptrs) {
+  if (dim % kVecN<T> != 0) return false;
+  for (const void* p : ptrs)
+    if (p && !aligned16(p)) return false;
+  return true;
+}
+
+// Threads per row: the fewest (a power of two) that cover the row with
+// kPacksPerThread packs each, at most a block. Narrow rows (D = 64 bf16: 8
+// packs -> 4 threads) share a warp instead of idling most of its lanes.
+Layout layout_for(int64_t packs) {
+  int shift = 0;
+  while ((int64_t(1) << shift) * kPacksPerThread < packs && (1 << shift) < kBlockThreads) ++shift;
+  return Layout{shift};
+}
+
+int64_t grid_for(int64_t rows, const Layout& l) {
+  return std::max<int64_t>(1, std::min(kMaxGrid, ceil_div(rows, kBlockThreads >> l.shift)));
+}
+
+int64_t grid_for_threads(int64_t n) {
+  return std::max<int64_t>(1, std::min(kMaxGrid, ceil_div(n, kBlockThreads)));
+}
+
+template <typename T, int kN>
+cudaError_t fwd_packed(const EmbeddingFwdParams& p, cudaStream_t stream) {
+  const Layout l = layout_for(p.dim / kN);
+  embedding::lookup_kernel<T, kN><<<grid_for(p.num_ids, l), kBlockThreads, 0, stream>>>(p, l);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t fwd_typed(const EmbeddingFwdParams& p, cudaStream_t stream) {
+  if (can_vectorize<T>(p.dim, {p.table, p.out})) return fwd_packed<T, kVecN<T>>(p, stream);
+  return fwd_packed<T, 1>(p, stream);
+}
+
+// Deterministic: bounds of each table row's run, then one pass over the table.
+template <typename T, int kN>
+cudaError_t bwd_sorted(const EmbeddingBwdParams& p, cudaStream_t stream) {
+  embedding::segment_bounds_kernel<<<grid_for_threads(p.rows + 1), kBlockThreads, 0, stream>>>(p);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  const Layout l = layout_for(p.dim / kN);
+  embedding::segment_sum_kernel<T, kN><<<grid_for(p.rows, l), kBlockThreads, 0, stream>>>(p, l);
+  return cudaGetLastError();
+}
+
+// Fast, float32 table: zero dtable, then atomics straight into it.
+template <int kN>
+cudaError_t bwd_atomic_f32(const EmbeddingBwdParams& p, cudaStream_t stream) {
+  cudaError_t err = cudaMemsetAsync(p.dtable, 0, sizeof(float) * p.rows * p.dim, stream);
+  if (err != cudaSuccess) return err;
+  const Layout l = layout_for(p.dim / kN);
+  embedding::scatter_add_f32_kernel<kN><<<grid_for(p.num_ids, l), kBlockThreads, 0, stream>>>(p, l);
+  return cudaGetLastError();
+}
+
+// Fast, 16-bit table: float32 sums in scratch rows for table rows read more
+// than once, then one pass over the table (zeros, copies, rounded sums).
+template <typename T, int kN>
+cudaError_t bwd_atomic_scratch(const EmbeddingBwdParams& p, cudaStream_t stream) {
+  cudaError_t err = cudaMemsetAsync(p.row_index + p.rows, 0, sizeof(int32_t) * p.rows, stream);
+  if (err != cudaSuccess) return err;
+  const Layout l = layout_for(p.dim / kN);
+  const int64_t id_grid = grid_for(p.num_ids, l);
+  embedding::claim_rows_kernel<<<grid_for_threads(p.num_ids), kBlockThreads, 0, stream>>>(p);
+  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  embedding::accumulate_kernel<T, kN, true><<<id_grid, kBlockThreads, 0, stream>>>(p, l);
+  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  embedding::accumulate_kernel<T, kN, false><<<id_grid, kBlockThreads, 0, stream>>>(p, l);
+  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  embedding::finalize_kernel<T, kN><<<grid_for(p.rows, l), kBlockThreads, 0, stream>>>(p, l);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t bwd_typed(const EmbeddingBwdParams& p, cudaStream_t stream) {
+  const bool vec = can_vectorize<T>(p.dim, {p.dout, p.dtable});
+  if (p.sorted_rows) return vec ? bwd_sorted<T, kVecN<T>>(p, stream) : bwd_sorted<T, 1>(p, stream);
+  if constexpr (sizeof(T) == sizeof(float)) {
+    return vec ? bwd_atomic_f32<kVecN<float>>(p, stream) : bwd_atomic_f32<1>(p, stream);
+  } else {
+    // The scratch rows are float32: 16-byte aligned whenever the 16-bit rows are.
+    if (!p.scratch || !p.row_index) return cudaErrorInvalidValue;
+    return vec && aligned16(p.scratch) ? bwd_atomic_scratch<T, kVecN<T>>(p, stream)
+                                       : bwd_atomic_scratch<T, 1>(p, stream);
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_embedding_fwd(const EmbeddingFwdParams& p, cudaStream_t stream) {
+  if (p.num_ids == 0 || p.dim == 0) return cudaSuccess;
+  if (p.rows < 1) return cudaErrorInvalidValue;
+  switch (p.dtype) {
+    case DType::kF32: return fwd_typed<float>(p, stream);
+    case DType::kBF16: return fwd_typed<__nv_bfloat16>(p, stream);
+    case DType::kF16: return fwd_typed<__half>(p, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t launch_embedding_bwd(const EmbeddingBwdParams& p, cudaStream_t stream) {
+  if (p.rows == 0 || p.dim == 0) return cudaSuccess;
+  if (p.num_ids == 0) {
+    // No ids: the gradient is all zeros (0 bits in every dtype).
+    const size_t bytes = size_t(p.rows) * p.dim * (p.dtype == DType::kF32 ? 4 : 2);
+    cudaMemsetAsync(p.dtable, 0, bytes, stream);
+    return cudaGetLastError();
+  }
+  if (p.sorted_rows && (!p.order || !p.row_index)) return cudaErrorInvalidValue;
+  switch (p.dtype) {
+    case DType::kF32: return bwd_typed<float>(p, stream);
+    case DType::kBF16: return bwd_typed<__nv_bfloat16>(p, stream);
+    case DType::kF16: return bwd_typed<__half>(p, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace jaxcraft
