@@ -2,7 +2,8 @@
 # The one GPU script (run through the device tool): build, GPU tests,
 # compute-sanitizer on small cases, benchmarks. Logs and JSON go to $OUT.
 #   bash bench/gpu_check.sh [ops=norm] [stages=build,test,sanitize,bench]
-#   (more stages: standalone (attention), standalone_activations, standalone_embedding)
+#   (more stages: standalone (attention), profile (ncu, attention backward),
+#   sanitize_standalone, standalone_activations, standalone_embedding)
 # PYTEST_ARGS selects test files (default: all), PYTEST_K a -k expression;
 # STAGE_TIMEOUT bounds each stage so
 # one slow stage cannot eat the whole device call.
@@ -30,9 +31,9 @@ if stage build; then
   step build python3 -m pip install --no-build-isolation --no-deps -v -e . || exit 1
   grep -E "CUDA kernels|cmake version" "$OUT/build.log" | head -3
 fi
-if stage standalone; then
-  # The attention kernels outside JAX, against a float64 CPU reference, then
-  # their timings; a second run times the portable kernels on the same GPU.
+build_attn_standalone() {  # /tmp/attn_test.bin: the attention standalone test
+  [[ -n ${ATTN_BUILT:-} ]] && return 0  # once per script run (a warm machine keeps old ones)
+  ATTN_BUILT=1
   att=cpp/kernels/attention obj=/tmp/attn_obj
   mkdir -p $obj
   nvcc_attn() { nvcc -std=c++17 -O3 --expt-relaxed-constexpr -lineinfo -Icpp \
@@ -40,8 +41,24 @@ if stage standalone; then
   export -f nvcc_attn
   step standalone_build bash -c "ls $att/*.cu $att/sm90/*.cu | xargs -P 16 -I{} bash -c \
     'nvcc_attn -c {} -o $obj/\$(echo {} | tr / _).o' && nvcc_attn $obj/*.o -o /tmp/attn_test.bin"
+}
+if stage standalone; then
+  # The attention kernels outside JAX, against a float64 CPU reference, then
+  # their timings; a second run times the portable kernels on the same GPU.
+  build_attn_standalone
   step standalone_run /tmp/attn_test.bin ${STANDALONE_ARGS:-}
   JAXCRAFT_ATTENTION_KERNEL=portable step standalone_portable /tmp/attn_test.bin bench
+fi
+if stage profile; then
+  # Nsight Compute on the Hopper backward (D64 causal and full, D128 full):
+  # the details page and per-instruction stall samples.
+  build_attn_standalone
+  step profile ncu --kernel-name regex:attn_bwd_sm90 --launch-count 3 --set full \
+    --import-source yes -f -o /tmp/bwd_profile /tmp/attn_test.bin profile
+  ncu --import /tmp/bwd_profile.ncu-rep --page details > "$OUT/profile_details.txt" 2>&1
+  ncu --import /tmp/bwd_profile.ncu-rep --page source --csv --print-source sass \
+    > "$OUT/profile_sass.csv" 2>&1
+  gzip -f "$OUT/profile_sass.csv"
 fi
 if stage standalone_activations; then
   # The activation kernels outside JAX against a float64 CPU reference, then
@@ -74,8 +91,8 @@ if stage sanitize; then
   done
 fi
 if stage sanitize_standalone; then
-  # The attention feature kernels (both routes) outside JAX, small cases:
-  # run the standalone stage first (it builds /tmp/attn_test.bin).
+  # The attention feature kernels (both routes) outside JAX, small cases.
+  build_attn_standalone
   for route in "" portable; do
     for tool in memcheck racecheck synccheck; do
       step "sanitize_standalone_${tool}${route:+_$route}" compute-sanitizer --tool "$tool" \
