@@ -39,10 +39,16 @@ namespace sm90 {
 // kSplitD (head dim 256, where 64 keys x 256 columns of dK plus dV would be
 // 256 registers per thread): both warpgroups take the same 64 keys, each
 // recomputes S^T and dP^T and owns half the columns of dK, dV and dQ.
-template <int kHeadDim_, int kStages_, bool kDqByKeys_, bool kSplitD_ = false>
+// kDqTma (dQ split by columns): each warpgroup writes its 64 x 64 dQ block
+// to its own float32 tile in shared memory and one thread adds it into
+// dq_accum with TMA bulk reductions, in place of 16-32 red.add per thread
+// (their issue and address arithmetic took a quarter of the H128 kernel's
+// warp samples under ncu).
+template <int kHeadDim_, int kStages_, bool kDqByKeys_, bool kSplitD_ = false, bool kDqTma_ = false>
 struct BwdConfig {
   static constexpr bool kDqByKeys = kDqByKeys_ || kSplitD_;
   static constexpr bool kSplitD = kSplitD_;
+  static constexpr bool kDqTma = kDqTma_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kConsumers = 2;
   static constexpr int kBlockN = kSplitD ? kWgmmaM : kConsumers * kWgmmaM;  // keys per CTA
@@ -60,8 +66,13 @@ struct BwdConfig {
   static_assert(kStageBytes >= 2 * kQBytes + 3 * kVecBytes + 8, "room for the segment ids");
   // dS^T [keys][queries]: double-buffered, or one buffer per warpgroup.
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
+  // kDqTma: per warpgroup, dQ rows x 64 columns in float32, as 32-column
+  // (128-byte) swizzled boxes.
+  static constexpr int kDqBoxCols = kSwizzleRowBytes / 4;
+  static constexpr int kDqBytes = kDqTma ? kBlockM * kSwizzleCols * 4 : 0;
   static constexpr int kSmemBytes = kSwizzleAtomBytes + 2 * kKVBytes + kStages * kStageBytes +
-                                    2 * kDsBytes + ring_barrier_bytes(kStages);
+                                    2 * kDsBytes + kConsumers * kDqBytes +
+                                    ring_barrier_bytes(kStages);
   // The split-D consumers hold the most (S^T and dP^T plus half of dK, dV).
   static constexpr int kProducerRegs = kSplitD ? 24 : 40;
   static constexpr int kConsumerRegs = kSplitD ? 240 : 232;
@@ -74,6 +85,7 @@ struct BwdConfig {
   static constexpr int kFullArrivals = kWarpSize + 1;
   static_assert(kDqByKeys || kColBlocks == kConsumers || kColBlocks == 1,
                 "dQ split by columns: one block each, or one block taken in turns");
+  static_assert(!kDqTma || !kDqByKeys, "TMA dQ: one 64-column block per warpgroup and step");
   static_assert(kAccCols % kSwizzleCols == 0, "dK/dV halves are whole column blocks");
   static_assert(kSmemBytes <= 227 * 1024, "fits the sm_90 shared-memory opt-in");
   // kBias instances: per ring stage, the bias tile (kBlockM queries x
@@ -89,16 +101,21 @@ struct BwdConfig {
 
 template <int kHeadDim>
 struct BwdTiles;
+// Head dim 128 fits the TMA dQ tiles with a 2-stage ring (3 stages measured
+// the same, third session).
 template <>
-struct BwdTiles<64> { using type = BwdConfig<64, 3, false>; };
+struct BwdTiles<64> { using type = BwdConfig<64, 3, false, false, true>; };
 template <>
-struct BwdTiles<128> { using type = BwdConfig<128, 3, false>; };
+struct BwdTiles<128> { using type = BwdConfig<128, 2, false, false, true>; };
 template <>
 struct BwdTiles<256> { using type = BwdConfig<256, 2, true, true>; };
-// kBias instances: head dim 128 gives up a stage for the bias tiles; head
-// dim 256 has no room for them (its bias is read per element, kScores).
+// kBias instances: the bias tiles take the room of the TMA dQ tiles (head
+// dim 64 and 128) and of a stage (128); head dim 256 has no room for them
+// (its bias is read per element, kScores).
 template <int kHeadDim>
 struct BwdBiasTiles : BwdTiles<kHeadDim> {};
+template <>
+struct BwdBiasTiles<64> { using type = BwdConfig<64, 3, false>; };
 template <>
 struct BwdBiasTiles<128> { using type = BwdConfig<128, 2, false>; };
 
@@ -106,6 +123,7 @@ struct BwdSm90Args {
   CUtensorMap q_map, do_map;   // box 64 rows
   CUtensorMap k_map, v_map;    // box 128 rows
   CUtensorMap dk_map, dv_map;  // box 64 rows (one consumer warpgroup)
+  CUtensorMap dq_map;          // kDqTma: dq_accum, float32, box 64 rows x 32 columns
   BwdArgs a;
   CUtensorMap bias_map;  // kBias instances: box 64 query rows x 128 bytes of keys
   // kBias with one writer per dbias element in the bias's dtype: each step's
@@ -136,10 +154,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const uint32_t v_sa = k_sa + Cfg::kKVBytes;
   const uint32_t stage_sa = v_sa + Cfg::kKVBytes;
   const uint32_t ds_sa = stage_sa + kStages * Cfg::kStageBytes;
+  // kDqTma: warpgroup c's dQ tile at dq_sa + c kDqBytes.
+  const uint32_t dq_sa = ds_sa + 2 * Cfg::kDsBytes;
   // kBias: stage s's bias tile, between the dS^T buffers and the barriers.
   [[maybe_unused]] const int bias_tile_bytes = kBM * kBN * (a.scores.bias_f32 ? 4 : 2);
-  [[maybe_unused]] auto bias_tile = [&](int s) { return ds_sa + 2 * Cfg::kDsBytes + s * bias_tile_bytes; };
-  const RingBarriers<kStages> ring{ds_sa + 2 * Cfg::kDsBytes +
+  [[maybe_unused]] auto bias_tile = [&](int s) { return dq_sa + s * bias_tile_bytes; };
+  const RingBarriers<kStages> ring{dq_sa + Cfg::kConsumers * Cfg::kDqBytes +
                                    (kFeat == kBias ? kStages * bias_tile_bytes : 0)};
   auto q_tile = [&](int s) { return stage_sa + s * Cfg::kStageBytes; };
   auto do_tile = [&](int s) { return q_tile(s) + Cfg::kQBytes; };
@@ -527,13 +547,33 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
               if constexpr (kFeat == kBias)  // exponent x log2 e - lse log2 e, x = scale s + bias
                 l = fmaf(-tile_bias(bias_elem_addr(s, j, h2, e)), kLog2e, l);
               float pv = fast_exp2(fmaf(st[j][2 * h2 + e], scale_log2, -l));
-              if (partial && !key_visible(a.mask, m0 + 8 * j + 2 * t + e, n0 + thread_key0 + 8 * h2,
-                                          lens.kv_len))
-                pv = 0.f;
               if ((kFeat == kMasks || kFeat == kBias) && !((vis >> (4 * j + 2 * h2 + e)) & 1u))
                 pv = 0.f;
               st[j][2 * h2 + e] = pv;
             }
+        }
+        // Causal, window and length masks in a pass of their own, entered
+        // once per tile: folded into the loop above, each element's test
+        // compiled to its own branch (most of the H128 P^T pass's warp
+        // samples). Each of the thread's two keys is visible to the queries
+        // [q_lo, q_hi): two compares per element.
+        if (partial) {
+          int q_lo[2], q_hi[2];
+#pragma unroll
+          for (int h2 = 0; h2 < 2; ++h2) {
+            const int key = n0 + thread_key0 + 8 * h2;
+            query_range(a.mask, key, key, lens.q_len, &q_lo[h2], &q_hi[h2]);
+            if (key >= lens.kv_len) q_hi[h2] = q_lo[h2];
+          }
+#pragma unroll
+          for (int j = 0; j < kBM / 8; ++j)
+#pragma unroll
+            for (int h2 = 0; h2 < 2; ++h2)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int q = m0 + 8 * j + 2 * t + e;
+                if (q < q_lo[h2] || q >= q_hi[h2]) st[j][2 * h2 + e] = 0.f;
+              }
         }
       }
       uint32_t pa[kBM / 16][4];
@@ -601,6 +641,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           }
         }
       fence_proxy_async();
+      // kDqTma: the last step's reductions have read this warpgroup's dQ
+      // tile before anyone passes the barrier and writes it again.
+      if (Cfg::kDqTma && ct == 0) tma_store_wait_read();
       if constexpr (Cfg::kDqByKeys)
         named_barrier_sync(2 + c, kWarpgroupThreads);
       else
@@ -651,15 +694,41 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         wgmma_commit();
         wgmma_wait<0>();
         fence_operands(dq);
+        if constexpr (Cfg::kDqTma) {
+          // Element (j, 2 h2 + e): row 16 w + g + 8 h2, column 8 j + 2 t + e,
+          // in box j / 4 (32 columns), 16-byte chunk 2 (j % 4) + t / 2.
+          const uint32_t tile = dq_sa + c * Cfg::kDqBytes;
 #pragma unroll
-        for (int h2 = 0; h2 < 2; ++h2) {
-          const int q = m0 + w * 16 + g + 8 * h2;
-          if (q < sh.seqlen_q) {
-            float* row = a.dq_accum + ((int64_t(b) * sh.seqlen_q + q) * sh.num_heads + h) * sh.head_dim;
+          for (int h2 = 0; h2 < 2; ++h2)
 #pragma unroll
             for (int j = 0; j < kSwizzleCols / 8; ++j) {
-              const int col = cb * kSwizzleCols + 8 * j + 2 * t;
-              if (col < sh.head_dim) red_add_v2(row + col, dq[j][2 * h2], dq[j][2 * h2 + 1]);
+              const uint32_t at = tile + (j / 4) * col_block_bytes<kBM>() +
+                                  swizzled_offset(w * 16 + g + 8 * h2, 2 * (j % 4) + t / 2) +
+                                  8 * (t % 2);
+              asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(dq[j][2 * h2]),
+                           "f"(dq[j][2 * h2 + 1])
+                           : "memory");
+            }
+          fence_proxy_async();
+          named_barrier_sync(2 + c, kWarpgroupThreads);
+          if (ct == 0) {  // rows past seqlen_q and columns past head_dim are clipped
+#pragma unroll
+            for (int box = 0; box < kSwizzleCols / Cfg::kDqBoxCols; ++box)
+              tma_reduce_add_4d(&p.dq_map, tile + box * col_block_bytes<kBM>(),
+                                cb * kSwizzleCols + box * Cfg::kDqBoxCols, h, m0, b);
+            tma_store_commit();
+          }
+        } else {
+#pragma unroll
+          for (int h2 = 0; h2 < 2; ++h2) {
+            const int q = m0 + w * 16 + g + 8 * h2;
+            if (q < sh.seqlen_q) {
+              float* row = a.dq_accum + ((int64_t(b) * sh.seqlen_q + q) * sh.num_heads + h) * sh.head_dim;
+#pragma unroll
+              for (int j = 0; j < kSwizzleCols / 8; ++j) {
+                const int col = cb * kSwizzleCols + 8 * j + 2 * t;
+                if (col < sh.head_dim) red_add_v2(row + col, dq[j][2 * h2], dq[j][2 * h2 + 1]);
+              }
             }
           }
         }
@@ -670,6 +739,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // Epilogue: dK = scale * sum dS^T Q. Every warpgroup's last dQ product
   // (which reads all of K) is done once both pass the barrier; then each
   // stages its 64 rows of dK and dV over its own rows of K and V and stores.
+  // (kDqTma: the last reductions read their tiles before the CTA exits.)
+  if (Cfg::kDqTma && ct == 0) tma_store_wait_read();
   named_barrier_sync(1, Cfg::kConsumers * kWarpgroupThreads);
   // kBias with dbias_tma: query tiles this CTA never visits (outside
   // [mt_begin, mt_end): hidden by causal, window, lengths or segment
@@ -736,6 +807,9 @@ cudaError_t launch_bwd_sm90(const BwdArgs& a, cudaStream_t stream,
       !encode_bshd(&p.v_map, a.v, kDt, s.batch, s.seqlen_k, s.num_kv_heads, s.head_dim, Cfg::kBlockN) ||
       !encode_bshd(&p.dk_map, a.dk, kDt, s.batch, s.seqlen_k, s.num_kv_heads, s.head_dim, kWgmmaM) ||
       !encode_bshd(&p.dv_map, a.dv, kDt, s.batch, s.seqlen_k, s.num_kv_heads, s.head_dim, kWgmmaM))
+    return cudaErrorInvalidValue;
+  if (Cfg::kDqTma && !encode_bshd_f32(&p.dq_map, a.dq_accum, s.batch, s.seqlen_q, s.num_heads,
+                                      s.head_dim, Cfg::kBlockM))
     return cudaErrorInvalidValue;
   auto* kernel = attn_bwd_sm90_kernel<kDt, Cfg, kFeat>;
   const int smem = kFeat == kBias ? Cfg::bias_smem_bytes(a.scores.bias_f32) : Cfg::kSmemBytes;
