@@ -91,12 +91,13 @@ if stage sanitize; then
   done
 fi
 if stage sanitize_standalone; then
-  # The attention feature kernels (both routes) outside JAX, small cases.
+  # The attention kernels outside JAX, small cases (SANITIZE_CASES=features:
+  # the feature cases only), on both routes (SANITIZE_ROUTES).
   build_attn_standalone
-  for route in "" portable; do
+  for route in ${SANITIZE_ROUTES:-hopper portable}; do
     for tool in memcheck racecheck synccheck; do
-      step "sanitize_standalone_${tool}${route:+_$route}" compute-sanitizer --tool "$tool" \
-        --error-exitcode 1 /tmp/attn_test.bin features small $route
+      step "sanitize_standalone_${tool}_$route" compute-sanitizer --tool "$tool" \
+        --error-exitcode 1 /tmp/attn_test.bin ${SANITIZE_CASES:-check} small $route
     done
   done
 fi

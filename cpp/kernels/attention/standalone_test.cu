@@ -1128,11 +1128,12 @@ int main(int argc, char** argv) {
   int fails = 0, total = 0;
   if (!bench_only) {
     std::mt19937 rng(1234);
-    std::vector<Case> all = features_only ? std::vector<Case>{} : cases();
+    std::vector<Case> all;
     // `small`: sequences up to 300 only (compute-sanitizer runs).
     const bool small = has_arg(argc, argv, "small");
-    for (const Case& c : feature_cases())
-      if (!small || std::max(c.T, c.S) <= 300) all.push_back(c);
+    for (const auto& list : {features_only ? std::vector<Case>{} : cases(), feature_cases()})
+      for (const Case& c : list)
+        if (!small || std::max(c.T, c.S) <= 300) all.push_back(c);
     std::vector<std::string> failed;
     for (const Case& c : all) {
       ++total;

@@ -519,24 +519,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         wgmma_wait<0>();
         fence_operands(st);
         fence_operands(dpt);
-      }
-      // The step's lse (times log2 e) for this thread's 16 queries: the
-      // first half loaded while S^T is computed (loaded after the wait, the
-      // first exponent waited on them: 6% of the H128 kernel's warp
-      // samples), the second after (all 16 before would spill at head dim 128).
-      [[maybe_unused]] float2 lse2[kBM / 8];
-      [[maybe_unused]] auto load_lse = [&](int j) {
-        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
-                     : "=f"(lse2[j].x), "=f"(lse2[j].y)
-                     : "r"(lse_vec(s) + 4 * (8 * j + 2 * t)));
-      };
-      if constexpr (!kFused) {
-#pragma unroll
-        for (int j = 0; j < kBM / 16; ++j) load_lse(j);
+      } else {
         wgmma_wait<1>();
         fence_operands(st);
-#pragma unroll
-        for (int j = kBM / 16; j < kBM / 8; ++j) load_lse(j);
       }
 
       // P^T, masked. Fragment element (j, 2 h + e): key thread_key0 + 8 h,
@@ -550,11 +535,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const uint32_t vis = kFeat == kMasks || kFeat == kBias ? visibility(s, m0, h) : ~0u;
 #pragma unroll
         for (int j = 0; j < kBM / 8; ++j) {
+          float2 l2;
+          asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+                       : "=f"(l2.x), "=f"(l2.y)
+                       : "r"(lse_vec(s) + 4 * (8 * j + 2 * t)));
 #pragma unroll
           for (int h2 = 0; h2 < 2; ++h2)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-              float l = e ? lse2[j].y : lse2[j].x;
+              float l = e ? l2.y : l2.x;
               if constexpr (kFeat == kBias)  // exponent x log2 e - lse log2 e, x = scale s + bias
                 l = fmaf(-tile_bias(bias_elem_addr(s, j, h2, e)), kLog2e, l);
               float pv = fast_exp2(fmaf(st[j][2 * h2 + e], scale_log2, -l));
@@ -598,25 +587,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                                           kk * kWgmmaK * kSwizzleRowBytes, col_block_bytes<kBM>()));
       wgmma_commit();
       if constexpr (!kFused) {
-        // delta as lse above: half before the wait.
-        float2 delta2[kBM / 8];
-        auto load_delta = [&](int j) {
-          asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
-                       : "=f"(delta2[j].x), "=f"(delta2[j].y)
-                       : "r"(delta_vec(s) + 4 * (8 * j + 2 * t)));
-        };
-#pragma unroll
-        for (int j = 0; j < kBM / 16; ++j) load_delta(j);
         wgmma_wait<1>();  // dP^T is in; dV += P^T dO may still run
         fence_operands(dpt);
-#pragma unroll
-        for (int j = kBM / 16; j < kBM / 8; ++j) load_delta(j);
 
         [[maybe_unused]] const long long bias_h =
             b * a.scores.bias_stride_b + h * a.scores.bias_stride_n;
 #pragma unroll
         for (int j = 0; j < kBM / 8; ++j) {
-          const float2 d2 = delta2[j];
+          float2 d2;
+          asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+                       : "=f"(d2.x), "=f"(d2.y)
+                       : "r"(delta_vec(s) + 4 * (8 * j + 2 * t)));
 #pragma unroll
           for (int h2 = 0; h2 < 2; ++h2) {
             st[j][2 * h2] *= dpt[j][2 * h2] - d2.x;
@@ -663,54 +644,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // kDqTma: the last step's reductions have read this warpgroup's dQ
       // tile before anyone passes the barrier and writes it again.
       if (Cfg::kDqTma && ct == 0) tma_store_wait_read();
-      // Turn-taking dQ (head dim 64, TMA dQ): only the warpgroup whose turn
-      // it is needs the other's dS^T; the other arrives and goes on (a full
-      // barrier held it for the whole dQ product, 10% of the kernel's warp
-      // samples). Steps alternate between barriers 4 and 5, so a warpgroup's
-      // arrival can never count toward the previous step's barrier.
-      constexpr bool kDqTurns = Cfg::kDqTma && kCB == 1;
-      if constexpr (Cfg::kDqByKeys) {
+      if constexpr (Cfg::kDqByKeys)
         named_barrier_sync(2 + c, kWarpgroupThreads);
-      } else if constexpr (kDqTurns) {
-        if (it % Cfg::kConsumers == c)
-          named_barrier_sync(4 + it % 2, Cfg::kConsumers * kWarpgroupThreads);
-        else
-          named_barrier_arrive(4 + it % 2, Cfg::kConsumers * kWarpgroupThreads);
-      } else {
+      else
         named_barrier_sync(1, Cfg::kConsumers * kWarpgroupThreads);
-      }
       if constexpr (kFeat == kBias) {
         if (dbias_storer) {  // the warpgroup's dS is in the tile (fenced before the barrier)
           store_dbias(bias_tile(s), mt, h, false);
           tma_store_commit();
         }
       }
-      // dQ rows m0 + 16 w + g (+ 8), in 64-column blocks: keys [key_lo,
-      // key_lo + dq_keys) of the tile times columns of K block cb.
-      constexpr int kDqKeys = Cfg::kDqByKeys ? kWgmmaM : kBN;
-      const int key_lo = Cfg::kDqByKeys ? wg_key0 : 0;
-      float dq[kSwizzleCols / 8][4];
-      auto issue_dq = [&](int cb) {
-        wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < kDqKeys / kWgmmaK; ++k) {
-          const int row = key_lo + k * kWgmmaK;
-          wgmma_ss_tt<kDt, kSwizzleCols>(
-              dq, smem_desc(ds_buf + row * kSwizzleRowBytes, 0),
-              smem_desc(k_sa + cb * col_block_bytes<kBN>() + row * kSwizzleRowBytes, 0), k > 0);
-        }
-        wgmma_commit();
-      };
-      // One dQ block per warpgroup and step (head dim 128): issued right
-      // behind dK, before waiting for dK and dV, so the tensor cores run
-      // the three back to back.
-      constexpr bool kEarlyDq = Cfg::kDqTma && kCB == Cfg::kConsumers;
-      if constexpr (kEarlyDq) {
-        issue_dq(c);
-        wgmma_wait<1>();
-      } else {
-        wgmma_wait<0>();
-      }
+      wgmma_wait<0>();
       fence_operands(dk);
       fence_operands(dv);
       fence_operands(pa);
@@ -722,6 +666,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // delta with ordinary loads, and its own arrive releases them.
       mbar_arrive(ring.empty(s));
 
+      // dQ rows m0 + 16 w + g (+ 8), in 64-column blocks: keys [key_lo,
+      // key_lo + dq_keys) of the tile times columns of K block cb.
+      constexpr int kDqKeys = Cfg::kDqByKeys ? kWgmmaM : kBN;
+      const int key_lo = Cfg::kDqByKeys ? wg_key0 : 0;
       int cb_lo = c, cb_hi = c + 1;  // split by columns
       if (Cfg::kSplitD) {
         cb_lo = acc_cb0;
@@ -734,7 +682,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         cb_hi = it % Cfg::kConsumers == c;
       }
       for (int cb = cb_lo; cb < cb_hi; ++cb) {
-        if constexpr (!kEarlyDq) issue_dq(cb);
+        float dq[kSwizzleCols / 8][4];
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < kDqKeys / kWgmmaK; ++k) {
+          const int row = key_lo + k * kWgmmaK;
+          wgmma_ss_tt<kDt, kSwizzleCols>(
+              dq, smem_desc(ds_buf + row * kSwizzleRowBytes, 0),
+              smem_desc(k_sa + cb * col_block_bytes<kBN>() + row * kSwizzleRowBytes, 0), k > 0);
+        }
+        wgmma_commit();
         wgmma_wait<0>();
         fence_operands(dq);
         if constexpr (Cfg::kDqTma) {
