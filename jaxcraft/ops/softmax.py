@@ -130,8 +130,10 @@ def _fwd_local(cfg: _Cfg, x, *mask):
 
 
 def _fwd_abstract(x, *mask, cfg):
-  # The softmax axis is never split: rows keep their sharding, the last axis none.
-  return [_primitive.result_aval(x, x.shape, x.dtype, _primitive.row_spec(x, x.ndim - 1))]
+  # y has x's type, sharding included (with explicit mesh axes its cotangent
+  # must match x's). The kernel itself never splits the softmax axis: the
+  # partitioning below gathers it and slices the result back.
+  return [_primitive.result_aval(x, x.shape, x.dtype, _primitive.row_spec(x, x.ndim))]
 
 
 def _lead_factors(ndim):
