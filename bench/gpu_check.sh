@@ -3,7 +3,7 @@
 # compute-sanitizer on small cases, benchmarks. Logs and JSON go to $OUT.
 #   bash bench/gpu_check.sh [ops=norm] [stages=build,test,sanitize,bench]
 #   (more stages: standalone (attention), profile (ncu, attention backward),
-#   sanitize_standalone, standalone_activations, standalone_embedding)
+#   sanitize_standalone, standalone_activations, standalone_embedding, standalone_softmax)
 # PYTEST_ARGS selects test files (default: all), PYTEST_K a -k expression;
 # STAGE_TIMEOUT bounds each stage so
 # one slow stage cannot eat the whole device call.
@@ -77,6 +77,15 @@ if stage standalone_embedding; then
     cpp/kernels/embedding/standalone_test.cu cpp/kernels/embedding/launch_embedding.cu \
     -o /tmp/embedding_test.bin
   step embedding_standalone_run /tmp/embedding_test.bin
+fi
+if stage standalone_softmax; then
+  # The softmax kernels outside JAX against a float64 CPU reference, then
+  # their GB/s at the benchmark shapes.
+  step softmax_standalone_build nvcc -std=c++17 -O3 --expt-relaxed-constexpr -Icpp \
+    -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a \
+    cpp/kernels/softmax/standalone_test.cu cpp/kernels/softmax/launch_softmax.cu \
+    -o /tmp/softmax_test.bin
+  step softmax_standalone_run /tmp/softmax_test.bin
 fi
 if stage test; then
   # CI runs the CPU kernels' tests; here the CUDA ones (and the platform-free tests).

@@ -93,3 +93,5 @@ def write_all(results, out: pathlib.Path):
     _decode_plot(results["decode"], results["meta"], out / "decode.png")
   if results.get("embedding"):  # GB/s bars per shape and implementation, as the norms'
     _norm_plot(results["embedding"], results["meta"], out / "embedding.png")
+  if results.get("softmax"):  # GB/s bars per shape (one row per dtype), as the norms'
+    _norm_plot(results["softmax"], results["meta"], out / "softmax.png")

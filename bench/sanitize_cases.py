@@ -136,9 +136,28 @@ def embedding_cases():
       jax.block_until_ready(vjp(jnp.nan_to_num(out)))
 
 
+
+def softmax_cases():
+  """Every softmax kernel path: rows kernels with a warp and a block per row
+  (fwd: per-row mask, shared mask; a fully masked row), the stream kernel
+  with vector body (an odd width; past the register limit) and without (a
+  misaligned slice), fwd + bwd."""
+  rng = np.random.default_rng(6)
+  for shape, dtype in [((70, 96), jnp.bfloat16), ((5, 4096), jnp.float32), ((3, 257), jnp.bfloat16),
+                       ((2, 40000), jnp.float16), ((2, 131072), jnp.bfloat16)]:
+    x = jnp.asarray(3 * rng.standard_normal(shape), dtype)
+    where = jnp.asarray(rng.random(shape) < 0.7).at[0].set(False)
+    for w in (None, where, where[1]):
+      fn = lambda x: jaxcraft.softmax(x, where=w, implementation="cuda")
+      out, vjp = jax.vjp(fn, x)
+      jax.block_until_ready(vjp(out))
+  x = jnp.asarray(rng.standard_normal((9, 65)), jnp.bfloat16)
+  fn = jax.jit(lambda x: jaxcraft.softmax(x[:, 1:], implementation="cuda"))  # unaligned rows
+  jax.block_until_ready(jax.grad(lambda x: jnp.sum(fn(x).astype(jnp.float32) ** 2))(x))
+
 CASES = {"norm": norm_cases, "attention": attention_cases, "variants": variant_cases,
          "decode": decode_cases}
-CASES.update(activations=activations_cases, embedding=embedding_cases)
+CASES.update(activations=activations_cases, embedding=embedding_cases, softmax=softmax_cases)
 
 if __name__ == "__main__":
   for name in sys.argv[1].split(","):

@@ -74,6 +74,32 @@ ACTIVATION_SPECS = ([ActivationSpec(op, 16384, c) for op in ("gelu", "bias_gelu"
 ACTIVATION_SMOKE_SPECS = [ActivationSpec(s.op, 64, s.cols // 64) for s in ACTIVATION_SPECS]
 
 
+
+@dataclasses.dataclass(frozen=True)
+class SoftmaxSpec:
+  """Softmax over the last axis of [rows, cols] (attention-score rows,
+  vocabulary-sized logits)."""
+  rows: int
+  cols: int
+
+  @property
+  def name(self) -> str:
+    k = f"{self.cols // 1024}k" if self.cols >= 1024 else str(self.cols)
+    return f"{self.rows // 1024}k x {k}" if self.rows >= 1024 else f"{self.rows} x {k}"
+
+  def fwd_bytes(self, itemsize: int) -> int:
+    """Read x, write y."""
+    return 2 * self.rows * self.cols * itemsize
+
+  def fwd_bwd_bytes(self, itemsize: int) -> int:
+    """Forward, plus the backward: read y and dy, write dx."""
+    return 5 * self.rows * self.cols * itemsize
+
+
+SOFTMAX_SPECS = [SoftmaxSpec(16384, 4096), SoftmaxSpec(16384, 32768), SoftmaxSpec(4096, 131072)]
+# JAXCRAFT_BENCH_SOFTMAX_SMOKE=1: the code path anywhere (the numbers mean little).
+SOFTMAX_SMOKE_SPECS = [SoftmaxSpec(64, s.cols // 64) for s in SOFTMAX_SPECS]
+
 @dataclasses.dataclass(frozen=True)
 class AttentionSpec:
   """bf16 self-attention, 16k tokens per batch, hidden 2048 (N = 2048 / D)."""

@@ -26,6 +26,8 @@ NB_MODULE(_jaxcraft, m) {
     cpu["jaxcraft_activation_bwd"] = capsule(jaxcraft_activation_bwd_cpu);
     cpu["jaxcraft_embedding_fwd"] = capsule(jaxcraft_embedding_fwd_cpu);
     cpu["jaxcraft_embedding_bwd"] = capsule(jaxcraft_embedding_bwd_cpu);
+    cpu["jaxcraft_softmax_fwd"] = capsule(jaxcraft_softmax_fwd_cpu);
+    cpu["jaxcraft_softmax_bwd"] = capsule(jaxcraft_softmax_bwd_cpu);
 #ifdef JAXCRAFT_WITH_CUDA
     cuda["jaxcraft_norm_fwd"] = capsule(jaxcraft_norm_fwd_cuda);
     cuda["jaxcraft_norm_bwd"] = capsule(jaxcraft_norm_bwd_cuda);
@@ -36,6 +38,8 @@ NB_MODULE(_jaxcraft, m) {
     cuda["jaxcraft_activation_bwd"] = capsule(jaxcraft_activation_bwd_cuda);
     cuda["jaxcraft_embedding_fwd"] = capsule(jaxcraft_embedding_fwd_cuda);
     cuda["jaxcraft_embedding_bwd"] = capsule(jaxcraft_embedding_bwd_cuda);
+    cuda["jaxcraft_softmax_fwd"] = capsule(jaxcraft_softmax_fwd_cuda);
+    cuda["jaxcraft_softmax_bwd"] = capsule(jaxcraft_softmax_bwd_cuda);
 #endif
     nb::dict out;
     out["cpu"] = cpu;

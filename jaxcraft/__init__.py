@@ -11,10 +11,11 @@ from jaxcraft.ops.decode_attention import decode_attention
 from jaxcraft.ops.embedding import embedding_lookup
 from jaxcraft.ops.norm import layer_norm, rms_norm
 from jaxcraft.ops.ring_attention import ring_attention
+from jaxcraft.ops.softmax import softmax
 
 __all__ = ["EXPORT_DISABLED_CHECKS", "attention_dropout_mask", "decode_attention", "dot_product_attention", "layer_norm",
            "ring_attention", "rms_norm", "remat", "nn", "nnx"]
-__all__ += ["bias_gelu", "embedding_lookup", "geglu", "gelu", "swiglu"]
+__all__ += ["bias_gelu", "embedding_lookup", "geglu", "gelu", "softmax", "swiglu"]
 __version__ = "0.1.0"
 
 

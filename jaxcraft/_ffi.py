@@ -20,8 +20,10 @@ ACTIVATION_FWD = "jaxcraft_activation_fwd"
 ACTIVATION_BWD = "jaxcraft_activation_bwd"
 EMBEDDING_FWD = "jaxcraft_embedding_fwd"
 EMBEDDING_BWD = "jaxcraft_embedding_bwd"
+SOFTMAX_FWD = "jaxcraft_softmax_fwd"
+SOFTMAX_BWD = "jaxcraft_softmax_bwd"
 TARGETS = (NORM_FWD, NORM_BWD, ATTENTION_FWD, ATTENTION_BWD, DECODE_ATTENTION_FWD)
-TARGETS += (ACTIVATION_FWD, ACTIVATION_BWD, EMBEDDING_FWD, EMBEDDING_BWD)
+TARGETS += (ACTIVATION_FWD, ACTIVATION_BWD, EMBEDDING_FWD, EMBEDDING_BWD, SOFTMAX_FWD, SOFTMAX_BWD)
 
 # jax.export refuses custom calls it does not know to be stable; ours are,
 # as long as jaxcraft (which registers them) is installed where the artifact runs.

@@ -109,9 +109,10 @@ FUNCTIONS = {"forward": _forward, "step": _step}
 # Every target a training step uses: all but inference-only decode attention
 # (tests/test_decode_attention.py exports that one).
 STEP_TARGETS = tuple(t for t in _ffi.TARGETS if t != _ffi.DECODE_ATTENTION_FWD)
-# The activation and embedding ops are not in this step (tests/test_activations.py
-# and tests/test_embedding.py export them).
-_ISSUE9_TARGETS = (_ffi.ACTIVATION_FWD, _ffi.ACTIVATION_BWD, _ffi.EMBEDDING_FWD, _ffi.EMBEDDING_BWD)
+# The activation, embedding and softmax ops are not in this step (tests/test_activations.py,
+# tests/test_embedding.py and tests/test_softmax.py export them).
+_ISSUE9_TARGETS = (_ffi.ACTIVATION_FWD, _ffi.ACTIVATION_BWD, _ffi.EMBEDDING_FWD, _ffi.EMBEDDING_BWD,
+                   _ffi.SOFTMAX_FWD, _ffi.SOFTMAX_BWD)
 STEP_TARGETS = tuple(t for t in STEP_TARGETS if t not in _ISSUE9_TARGETS)
 TARGETS_USED = {"forward": (_ffi.NORM_FWD, _ffi.ATTENTION_FWD), "step": STEP_TARGETS}
 

@@ -14,6 +14,8 @@ JAXCRAFT_DECLARE_HANDLER(jaxcraft_activation_fwd_cpu);
 JAXCRAFT_DECLARE_HANDLER(jaxcraft_activation_bwd_cpu);
 JAXCRAFT_DECLARE_HANDLER(jaxcraft_embedding_fwd_cpu);
 JAXCRAFT_DECLARE_HANDLER(jaxcraft_embedding_bwd_cpu);
+JAXCRAFT_DECLARE_HANDLER(jaxcraft_softmax_fwd_cpu);
+JAXCRAFT_DECLARE_HANDLER(jaxcraft_softmax_bwd_cpu);
 #ifdef JAXCRAFT_WITH_CUDA
 JAXCRAFT_DECLARE_HANDLER(jaxcraft_norm_fwd_cuda);
 JAXCRAFT_DECLARE_HANDLER(jaxcraft_norm_bwd_cuda);
@@ -24,4 +26,6 @@ JAXCRAFT_DECLARE_HANDLER(jaxcraft_activation_fwd_cuda);
 JAXCRAFT_DECLARE_HANDLER(jaxcraft_activation_bwd_cuda);
 JAXCRAFT_DECLARE_HANDLER(jaxcraft_embedding_fwd_cuda);
 JAXCRAFT_DECLARE_HANDLER(jaxcraft_embedding_bwd_cuda);
+JAXCRAFT_DECLARE_HANDLER(jaxcraft_softmax_fwd_cuda);
+JAXCRAFT_DECLARE_HANDLER(jaxcraft_softmax_bwd_cuda);
 #endif

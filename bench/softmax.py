@@ -1,0 +1,76 @@
+"""softmax: jaxcraft's kernel vs XLA's jax.nn.softmax, bf16 and f32.
+
+Implementations:
+  jaxcraft  the kernel, forced (implementation="cuda"/"cpu"), whatever the
+            implementation=None policy says;
+  jax.nn    jax.jit(jax.nn.softmax) in the input dtype (= implementation="xla").
+Modes: "fwd" and "fwd+bwd" (the backward from y and dy = y), GB/s from
+SoftmaxSpec's byte formulas (fwd: read x + write y = 2 passes; fwd+bwd: 5
+passes) and % of the copy ceiling. The "op" column carries the dtype so
+that the plot shows one row per dtype. These rows fill
+DEFAULT_IMPLEMENTATION in jaxcraft/ops/softmax.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+
+import jaxcraft
+from specs import SOFTMAX_SMOKE_SPECS, SOFTMAX_SPECS, SoftmaxSpec
+from timing import time_step
+
+DTYPES = (jnp.bfloat16, jnp.float32)
+
+
+def _kernel_platform() -> str:
+  return "cuda" if jax.devices()[0].platform == "gpu" else "cpu"
+
+
+def _impls():
+  """name -> (fn(x), is a custom call)."""
+  k = _kernel_platform()
+  return {"jaxcraft": (lambda x: jaxcraft.softmax(x, implementation=k), True),
+          "jax.nn": (jax.nn.softmax, False)}
+
+
+def _fwd_bwd_step(fn):
+  """x -> dx with dy = y (shapes match x)."""
+  def step(x):
+    y, vjp = jax.vjp(fn, x)
+    return vjp(y)[0]
+  return step
+
+
+def run(bandwidth: float, specs=None):
+  if specs is None:
+    smoke = os.environ.get("JAXCRAFT_BENCH_SOFTMAX_SMOKE") == "1"
+    specs = SOFTMAX_SMOKE_SPECS if smoke else SOFTMAX_SPECS
+  rows = []
+
+  def record(spec: SoftmaxSpec, dtype, name, mode, sec, nbytes):
+    row = dict(op=f"softmax {jnp.dtype(dtype).name}", shape=spec.name, impl=name, mode=mode,
+               us=sec * 1e6, gbps=nbytes / sec / 1e9, pct_copy=100 * nbytes / sec / bandwidth)
+    rows.append(row)
+    print(f"  {row['op']:16s} {spec.name:12s} {name:9s} {mode:8s} {row['us']:9.1f} us "
+          f"{row['gbps']:7.0f} GB/s {row['pct_copy']:5.1f}%", flush=True)
+
+  for spec in specs:
+    for dtype in DTYPES:
+      x = (3 * jax.random.normal(jax.random.key(0), (spec.rows, spec.cols), jnp.float32)).astype(dtype)
+      itemsize = jnp.dtype(dtype).itemsize
+      for name, (fn, custom_call) in _impls().items():
+        cases = [("fwd", lambda: time_step(fn, x, custom_call=custom_call), spec.fwd_bytes(itemsize)),
+                 ("fwd+bwd", lambda: time_step(_fwd_bwd_step(fn), x, custom_call=custom_call),
+                  spec.fwd_bwd_bytes(itemsize))]
+        for mode, timed, nbytes in cases:
+          try:
+            sec = timed()
+          except Exception as e:  # noqa: BLE001 - a peer that fails is reported, not fatal
+            print(f"  softmax {name} {mode} {spec.name}: failed: {type(e).__name__}: {str(e)[:160]}")
+            continue
+          record(spec, dtype, name, mode, sec, nbytes)
+      del x
+  return rows

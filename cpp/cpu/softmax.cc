@@ -1,0 +1,184 @@
+// Softmax on the CPU, threaded over rows. Per row: one online pass converts
+// the row to float32 scratch and replaces each element by exp(x - m_k), m_k
+// the running maximum of its chunk of kChunk elements, while the row's
+// maximum m and sum s are kept up to date (s rescaled by exp(m_old - m_new)
+// when the maximum grows); then one write pass scales chunk k by
+// exp(m_k - m) / s. One exp per element, read once, written once.
+#include "cpu/softmax.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "common/host_float.h"
+#include "cpu/parallel.h"
+#include "kernels/activations/activation_math.h"
+
+namespace jaxcraft {
+namespace {
+
+// ~64K elements per thread keeps thread start-up under a few percent.
+constexpr int64_t kMinElementsPerThread = 1 << 16;
+// Elements per running-maximum update: long enough that the per-chunk
+// rescale (two scalar exps) is noise, short enough to stay in L1 as it is
+// written and summed.
+constexpr int64_t kChunk = 256;
+// Independent partial sums: lets the compiler vectorize the reductions.
+constexpr int kLanes = 16;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+int64_t min_rows_per_thread(int64_t cols) {
+  return std::max<int64_t>(1, kMinElementsPerThread / std::max<int64_t>(cols, 1));
+}
+
+// As activation.cc: each math loop compiled for AVX2 + FMA and the x86-64
+// baseline, picked at load time (GCC on x86-64 Linux).
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define JAXCRAFT_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define JAXCRAFT_CPU_CLONES
+#endif
+
+// The vectorizable exp, NaN-preserving (host_expf maps NaN to a tiny value;
+// softmax needs exp(-inf - -inf) = NaN as jax.nn.softmax computes it).
+inline float softmax_exp(float x) { return x != x ? x : activation::host_expf(x); }
+
+// Chunk max of v[0, n) (n <= kChunk); NaNs are skipped (they reach the sum).
+JAXCRAFT_CPU_CLONES float chunk_max(const float* __restrict__ v, int64_t n) {
+  float acc[kLanes];
+  for (int l = 0; l < kLanes; ++l) acc[l] = kNegInf;
+  int64_t c = 0;
+  for (; c + kLanes <= n; c += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] = v[c + l] > acc[l] ? v[c + l] : acc[l];
+  for (; c < n; ++c) acc[0] = v[c] > acc[0] ? v[c] : acc[0];
+  float m = kNegInf;
+  for (int l = 0; l < kLanes; ++l) m = acc[l] > m ? acc[l] : m;
+  return m;
+}
+
+// v[c] = exp(v[c] - shift) in place; returns their sum.
+JAXCRAFT_CPU_CLONES float chunk_exp_sum(float* __restrict__ v, int64_t n, float shift) {
+  float acc[kLanes] = {};
+  int64_t c = 0;
+  for (; c + kLanes <= n; c += kLanes)
+    for (int l = 0; l < kLanes; ++l) {
+      v[c + l] = softmax_exp(v[c + l] - shift);
+      acc[l] += v[c + l];
+    }
+  for (; c < n; ++c) {
+    v[c] = softmax_exp(v[c] - shift);
+    acc[0] += v[c];
+  }
+  float s = 0.f;
+  for (int l = 0; l < kLanes; ++l) s += acc[l];
+  return s;
+}
+
+JAXCRAFT_CPU_CLONES float dot(const float* __restrict__ a, const float* __restrict__ b, int64_t n) {
+  float acc[kLanes] = {};
+  int64_t c = 0;
+  for (; c + kLanes <= n; c += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += a[c + l] * b[c + l];
+  for (; c < n; ++c) acc[0] += a[c] * b[c];
+  float s = 0.f;
+  for (int l = 0; l < kLanes; ++l) s += acc[l];
+  return s;
+}
+
+template <typename T>
+void fwd_rows(const SoftmaxFwdParams& p, int64_t begin, int64_t end) {
+  const int64_t C = p.cols, chunks = (C + kChunk - 1) / kChunk;
+  const T* x = static_cast<const T*>(p.x);
+  T* y = static_cast<T*>(p.y);
+  std::vector<float> e(C), shift(chunks);
+  for (int64_t r = begin; r < end; ++r) {
+    const T* xr = x + r * C;
+    const uint8_t* keep = p.mask ? p.mask + r * p.mask_row_stride : nullptr;
+    float m = kNegInf, s = 0.f;
+    for (int64_t k = 0; k < chunks; ++k) {
+      const int64_t c0 = k * kChunk, n = std::min(kChunk, C - c0);
+      float* ek = e.data() + c0;
+      for (int64_t c = 0; c < n; ++c) {
+        const float v = to_float(xr[c0 + c]);
+        ek[c] = keep && !keep[c0 + c] ? kNegInf : v;  // masked: exp(-inf - shift) = 0
+      }
+      const float cm = chunk_max(ek, n);
+      // A chunk with nothing kept (or all -inf) adds 0, not exp(-inf - -inf).
+      shift[k] = cm == kNegInf ? 0.f : cm;
+      const float cs = chunk_exp_sum(ek, n, shift[k]);
+      if (cm > m) {
+        s = s * softmax_exp(m - cm) + cs;  // m = -inf: s * 0 (0, or NaN kept)
+        m = cm;
+      } else if (cm != kNegInf) {
+        s += cs * softmax_exp(cm - m);
+      } else {
+        s += cs;  // 0, or NaN from a NaN element (propagated as jax.nn does)
+      }
+    }
+    // m = -inf (nothing finite kept): kept elements get 0 * inf = NaN, as in
+    // jax.nn.softmax's exp(-inf - -inf); masked-out ones 0 below.
+    const float inv = 1.f / s;
+    T* yr = y + r * C;
+    for (int64_t k = 0; k < chunks; ++k) {
+      const int64_t c0 = k * kChunk, n = std::min(kChunk, C - c0);
+      const float f = softmax_exp(shift[k] - m) * inv;
+      for (int64_t c = 0; c < n; ++c) {
+        const float out = e[c0 + c] * f;
+        yr[c0 + c] = from_float<T>(keep && !keep[c0 + c] ? 0.f : out);
+      }
+    }
+  }
+}
+
+template <typename T>
+void bwd_rows(const SoftmaxBwdParams& p, int64_t begin, int64_t end) {
+  const int64_t C = p.cols;
+  const T* y = static_cast<const T*>(p.y);
+  const T* dy = static_cast<const T*>(p.dy);
+  T* dx = static_cast<T*>(p.dx);
+  std::vector<float> yf(C), g(C);
+  for (int64_t r = begin; r < end; ++r) {
+    const int64_t base = r * C;
+    for (int64_t c = 0; c < C; ++c) {
+      yf[c] = to_float(y[base + c]);
+      g[c] = to_float(dy[base + c]);
+    }
+    const float d = dot(yf.data(), g.data(), C);
+    for (int64_t c = 0; c < C; ++c) dx[base + c] = from_float<T>(yf[c] * (g[c] - d));
+  }
+}
+
+template <typename T>
+void fwd_typed(const SoftmaxFwdParams& p, const TaskRunner* runner) {
+  parallel_for(runner, p.rows, min_rows_per_thread(p.cols),
+               [&](int64_t b, int64_t e) { fwd_rows<T>(p, b, e); });
+}
+
+template <typename T>
+void bwd_typed(const SoftmaxBwdParams& p, const TaskRunner* runner) {
+  parallel_for(runner, p.rows, min_rows_per_thread(p.cols),
+               [&](int64_t b, int64_t e) { bwd_rows<T>(p, b, e); });
+}
+
+}  // namespace
+
+void softmax_fwd_cpu(const SoftmaxFwdParams& p, const TaskRunner* runner) {
+  if (p.rows == 0 || p.cols == 0) return;
+  switch (p.dtype) {
+    case DType::kF32: return fwd_typed<float>(p, runner);
+    case DType::kBF16: return fwd_typed<bf16_t>(p, runner);
+    case DType::kF16: return fwd_typed<f16_t>(p, runner);
+  }
+}
+
+void softmax_bwd_cpu(const SoftmaxBwdParams& p, const TaskRunner* runner) {
+  if (p.rows == 0 || p.cols == 0) return;
+  switch (p.dtype) {
+    case DType::kF32: return bwd_typed<float>(p, runner);
+    case DType::kBF16: return bwd_typed<bf16_t>(p, runner);
+    case DType::kF16: return bwd_typed<f16_t>(p, runner);
+  }
+}
+
+}  // namespace jaxcraft

@@ -1,0 +1,11 @@
+#pragma once
+#include "cpu/parallel.h"
+#include "kernels/softmax/params.h"
+
+namespace jaxcraft {
+
+// `runner`: where to spread rows (null: std::thread).
+void softmax_fwd_cpu(const SoftmaxFwdParams& p, const TaskRunner* runner = nullptr);
+void softmax_bwd_cpu(const SoftmaxBwdParams& p, const TaskRunner* runner = nullptr);
+
+}  // namespace jaxcraft
