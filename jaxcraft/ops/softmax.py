@@ -37,8 +37,12 @@ NO_MASK, SHARED_MASK, FULL_MASK = "none", "shared", "full"
 # e.g. the logits' scale or bias add, and consumer; a custom call is a fusion
 # barrier). Forward and backward choose independently: the backward kernel
 # needs only y and dy, whichever ran the forward.
-#   cuda: the kernel until measured; the lead fills this row from
-#         `python bench/run.py --ops softmax` on the H100.
+#   cuda: the kernel for rows of up to 4096 columns, XLA beyond. Measured on
+#         the H100 (`python bench/run.py --ops softmax`, kernel / jax.nn, us):
+#         [16k, 4k] bf16 fwd 157 / 179, fwd+bwd 279 / 384; f32 fwd 184 / 372,
+#         fwd+bwd 403 / 383. Longer rows take the kernels' two-pass stream path,
+#         which XLA beats: [16k, 32k] bf16 fwd+bwd 4677 / 2010, [4k, 128k]
+#         4965 / 1952 (f32 4668 / 3527, 4822 / 3548).
 #   cpu:  XLA. Measured on a 2-core AVX2 machine shared with other jobs
 #         (kernel / XLA, ms): [1024, 4096] fwd 6.2 / 2.7 (f32), 7.5 / 4.1
 #         (bf16); fwd+bwd 7.7 / 3.6 (f32), 10.8 / 8.5 (bf16); [64, 50257]
@@ -46,18 +50,21 @@ NO_MASK, SHARED_MASK, FULL_MASK = "none", "shared", "full"
 #         wins in bf16 (fwd+bwd 6.2 / 10.1 ms at [64, 50257]) but loses in
 #         f32; XLA's forward (AVX2 exp, fused) wins everywhere.
 DEFAULT_IMPLEMENTATION = {
-    # platform: (forward, backward)
-    "cuda": ("kernel", "kernel"),
+    # platform: (forward, backward[, the most columns the kernel is chosen for])
+    "cuda": ("kernel", "kernel", 4096),
     "cpu": ("xla", "xla"),
 }
 PASSES = ("fwd", "bwd")
 
 
-def default_implementation(platform: str, pass_: str = "fwd") -> str:
+def default_implementation(platform: str, pass_: str = "fwd", cols: int | None = None) -> str:
   """"kernel" or "xla": what `implementation=None` runs for the forward or
-  backward pass (`pass_`) on `platform` (see DEFAULT_IMPLEMENTATION)."""
-  return DEFAULT_IMPLEMENTATION.get(platform, ("xla", "xla"))[PASSES.index(pass_)]
-
+  backward pass (`pass_`) on `platform` for rows of `cols` columns (see
+  DEFAULT_IMPLEMENTATION)."""
+  choice = DEFAULT_IMPLEMENTATION.get(platform, ("xla", "xla"))
+  if cols is not None and len(choice) > 2 and cols > choice[2]:
+    return "xla"
+  return choice[PASSES.index(pass_)]
 
 # ---------------------------------------------------------------- reference
 def softmax_reference(x, axis=-1, where=None):
@@ -76,7 +83,8 @@ def softmax_reference(x, axis=-1, where=None):
 def _policy(pass_, platform, avals_in, *, implementation):
   """The policy table's choice, under implementation=None only (a forced
   kernel always runs)."""
-  if implementation is None and default_implementation(platform, pass_) == "xla":
+  cols = avals_in[0].shape[-1] if avals_in[0].ndim else 1
+  if implementation is None and default_implementation(platform, pass_, cols) == "xla":
     return f"the implementation=None policy runs XLA for softmax {pass_} on {platform}"
   return None
 
