@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/standalone_check.h"
+#include "common/standalone_data.h"
 #include "kernels/activations/launch.h"
 
 using jaxcraft::Activation;
@@ -30,7 +31,8 @@ using jaxcraft::DType;
 
 namespace {
 
-constexpr uint8_t kPoison = 0xff;   // NaN in every dtype: unwritten outputs fail
+using namespace jaxcraft_test;
+
 constexpr int kRowsPerPartial = 64;  // as jaxcraft/ops/activations.py chooses num_partials
 constexpr int kMaxPartials = 1024;
 constexpr double kF32Eps = 1.0 / (1 << 23);
@@ -54,51 +56,6 @@ double rel_tol(DType dt) {
 }
 constexpr double kF32Math = 2e-5;  // the float32 bound above
 double abs_tol(DType dt) { return dt == DType::kF16 ? 6e-8 : 1e-30; }
-
-size_t dsize(DType dt) { return dt == DType::kF32 ? 4 : 2; }
-const char* dname(DType dt) { return dt == DType::kF32 ? "f32" : dt == DType::kBF16 ? "bf16" : "f16"; }
-
-double put(std::vector<uint8_t>& bytes, size_t i, float x, DType dt) {
-  if (dt == DType::kF32) {
-    std::memcpy(&bytes[i * 4], &x, 4);
-    return x;
-  }
-  if (dt == DType::kBF16) {
-    const __nv_bfloat16 h = __float2bfloat16_rn(x);
-    std::memcpy(&bytes[i * 2], &h, 2);
-    return __bfloat162float(h);
-  }
-  const __half h = __float2half_rn(x);
-  std::memcpy(&bytes[i * 2], &h, 2);
-  return __half2float(h);
-}
-
-double get(const std::vector<uint8_t>& bytes, size_t i, DType dt) {
-  if (dt == DType::kF32) {
-    float x;
-    std::memcpy(&x, &bytes[i * 4], 4);
-    return x;
-  }
-  uint16_t b;
-  std::memcpy(&b, &bytes[i * 2], 2);
-  if (dt == DType::kBF16) return __bfloat162float(*reinterpret_cast<__nv_bfloat16*>(&b));
-  return __half2float(*reinterpret_cast<__half*>(&b));
-}
-
-struct Rng {
-  uint64_t s;
-  double uniform() {
-    s += 0x9e3779b97f4a7c15ull;
-    uint64_t z = s;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return double((z ^ (z >> 31)) >> 11) / double(1ull << 53);
-  }
-  float normal() {
-    constexpr double kIrwinHallStd = 0.5773502691896258;  // sqrt(4 / 12)
-    return float((uniform() + uniform() + uniform() + uniform() - 2.0) / kIrwinHallStd);
-  }
-};
 
 // f(h) and f'(h) in float64, through sigmoid / erfc (no tail cancellation).
 // f(h) and f'(h); *dmag is the sum of |terms| of f'(h). Near f'(h) = 0 the

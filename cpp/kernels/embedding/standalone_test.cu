@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common/standalone_check.h"
+#include "common/standalone_data.h"
 #include "kernels/embedding/launch.h"
 
 using jaxcraft::DType;
@@ -31,14 +32,11 @@ using jaxcraft::EmbeddingMode;
 
 namespace {
 
-constexpr uint8_t kPoison = 0xff;  // NaN in every dtype: unwritten outputs fail
+using namespace jaxcraft_test;
+
 constexpr double kF32Eps = 1.0 / (1 << 24);  // float32 rounding, relative
 constexpr int kTimingReps = 20;
 
-size_t dsize(DType dt) { return dt == DType::kF32 ? 4 : 2; }
-const char* dname(DType dt) {
-  return dt == DType::kF32 ? "f32" : dt == DType::kBF16 ? "bf16" : "f16";
-}
 const char* mname(EmbeddingMode m) {
   return m == EmbeddingMode::kFill ? "fill" : m == EmbeddingMode::kClip ? "clip" : "wrap";
 }
@@ -58,51 +56,6 @@ double half_ulp(DType dt) {
   }
   return 0;
 }
-
-// Stores float x as dtype dt at bytes + i; returns the stored value.
-double put(std::vector<uint8_t>& bytes, size_t i, float x, DType dt) {
-  if (dt == DType::kF32) {
-    std::memcpy(&bytes[i * 4], &x, 4);
-    return x;
-  }
-  if (dt == DType::kBF16) {
-    const __nv_bfloat16 h = __float2bfloat16_rn(x);
-    std::memcpy(&bytes[i * 2], &h, 2);
-    return __bfloat162float(h);
-  }
-  const __half h = __float2half_rn(x);
-  std::memcpy(&bytes[i * 2], &h, 2);
-  return __half2float(h);
-}
-
-double get(const std::vector<uint8_t>& bytes, size_t i, DType dt) {
-  if (dt == DType::kF32) {
-    float x;
-    std::memcpy(&x, &bytes[i * 4], 4);
-    return x;
-  }
-  uint16_t b;
-  std::memcpy(&b, &bytes[i * 2], 2);
-  if (dt == DType::kBF16) return __bfloat162float(*reinterpret_cast<__nv_bfloat16*>(&b));
-  return __half2float(*reinterpret_cast<__half*>(&b));
-}
-
-struct Rng {
-  uint64_t s;
-  uint64_t next() {
-    s += 0x9e3779b97f4a7c15ull;
-    uint64_t z = s;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return double(next() >> 11) / double(1ull << 53); }
-  float normal() {
-    constexpr double kIrwinHallStd = 0.5773502691896258;  // sqrt(4 / 12)
-    return float((uniform() + uniform() + uniform() + uniform() - 2.0) / kIrwinHallStd);
-  }
-  int64_t range(int64_t lo, int64_t hi) { return lo + int64_t(next() % uint64_t(hi - lo)); }
-};
 
 struct Buf {
   void* p = nullptr;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/standalone_check.h"
+#include "common/standalone_data.h"
 #include "kernels/softmax/launch.h"
 
 using jaxcraft::DType;
@@ -29,7 +30,8 @@ using jaxcraft::SoftmaxFwdParams;
 
 namespace {
 
-constexpr uint8_t kPoison = 0xff;  // NaN in every dtype: unwritten outputs fail
+using namespace jaxcraft_test;
+
 constexpr int kTimingReps = 20;
 constexpr double kInputScale = 3.0;  // logits' spread: exp over ~e^±10
 
@@ -48,52 +50,6 @@ double rel_tol(DType dt) {
 // Absolute floor: values that round to (sub)normal zeros in f16, and the
 // backward's cancellation dy - sum(dy y), relative to the row's scale.
 double abs_tol(DType dt) { return dt == DType::kF16 ? 1e-7 : 1e-9; }
-
-size_t dsize(DType dt) { return dt == DType::kF32 ? 4 : 2; }
-const char* dname(DType dt) { return dt == DType::kF32 ? "f32" : dt == DType::kBF16 ? "bf16" : "f16"; }
-
-double put(std::vector<uint8_t>& bytes, size_t i, float x, DType dt) {
-  if (dt == DType::kF32) {
-    std::memcpy(&bytes[i * 4], &x, 4);
-    return x;
-  }
-  if (dt == DType::kBF16) {
-    const __nv_bfloat16 h = __float2bfloat16_rn(x);
-    std::memcpy(&bytes[i * 2], &h, 2);
-    return __bfloat162float(h);
-  }
-  const __half h = __float2half_rn(x);
-  std::memcpy(&bytes[i * 2], &h, 2);
-  return __half2float(h);
-}
-
-double get(const std::vector<uint8_t>& bytes, size_t i, DType dt) {
-  if (dt == DType::kF32) {
-    float x;
-    std::memcpy(&x, &bytes[i * 4], 4);
-    return x;
-  }
-  uint16_t b;
-  std::memcpy(&b, &bytes[i * 2], 2);
-  if (dt == DType::kBF16) return __bfloat162float(*reinterpret_cast<__nv_bfloat16*>(&b));
-  return __half2float(*reinterpret_cast<__half*>(&b));
-}
-
-struct Rng {
-  uint64_t s;
-  uint64_t next() {
-    s += 0x9e3779b97f4a7c15ull;
-    uint64_t z = s;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return (next() >> 11) * (1.0 / (1ull << 53)); }
-  double normal() {
-    const double u = std::max(uniform(), 1e-300), v = uniform();
-    return std::sqrt(-2 * std::log(u)) * std::cos(6.283185307179586 * v);
-  }
-};
 
 struct Case {
   DType dtype;
@@ -121,8 +77,8 @@ bool run_case(const Case& c, uint64_t seed) {
   std::vector<uint8_t> x(n * es), dy(n * es), y(n * es, kPoison), dx(n * es, kPoison);
   std::vector<double> xd(n), dyd(n);
   for (size_t i = 0; i < n; ++i) {
-    xd[i] = put(x, i, float(rng.normal() * kInputScale), dt);
-    dyd[i] = put(dy, i, float(rng.normal()), dt);
+    xd[i] = put(x, i, float(rng.gaussian() * kInputScale), dt);
+    dyd[i] = put(dy, i, float(rng.gaussian()), dt);
   }
   // -inf entries (additive attention masks): exp gives 0, the row stays finite.
   if (n > 3) xd[n / 3] = put(x, n / 3, -std::numeric_limits<float>::infinity(), dt);
