@@ -60,33 +60,17 @@ if stage profile; then
     > "$OUT/profile_sass.csv" 2>&1
   gzip -f "$OUT/profile_sass.csv"
 fi
-if stage standalone_activations; then
-  # The activation kernels outside JAX against a float64 CPU reference, then
-  # their GB/s at the benchmark shapes.
-  step activations_standalone_build nvcc -std=c++17 -O3 --expt-relaxed-constexpr -Icpp \
-    -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a \
-    cpp/kernels/activations/standalone_test.cu cpp/kernels/activations/launch_activations.cu \
-    -o /tmp/act_test.bin
-  step activations_standalone_run /tmp/act_test.bin
-fi
-if stage standalone_embedding; then
-  # The embedding kernels outside JAX against a CPU reference (the
-  # deterministic backward bit for bit), then their GB/s at the bench shapes.
-  step embedding_standalone_build nvcc -std=c++17 -O3 --expt-relaxed-constexpr -Icpp \
-    -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a \
-    cpp/kernels/embedding/standalone_test.cu cpp/kernels/embedding/launch_embedding.cu \
-    -o /tmp/embedding_test.bin
-  step embedding_standalone_run /tmp/embedding_test.bin
-fi
-if stage standalone_softmax; then
-  # The softmax kernels outside JAX against a float64 CPU reference, then
-  # their GB/s at the benchmark shapes.
-  step softmax_standalone_build nvcc -std=c++17 -O3 --expt-relaxed-constexpr -Icpp \
-    -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a \
-    cpp/kernels/softmax/standalone_test.cu cpp/kernels/softmax/launch_softmax.cu \
-    -o /tmp/softmax_test.bin
-  step softmax_standalone_run /tmp/softmax_test.bin
-fi
+for op in activations embedding softmax; do
+  # The elementwise/row kernels outside JAX against a float64 CPU reference
+  # (embedding: the deterministic backward bit for bit), then their GB/s at
+  # the benchmark shapes.
+  if stage "standalone_$op"; then
+    step "${op}_standalone_build" nvcc -std=c++17 -O3 --expt-relaxed-constexpr -Icpp \
+      -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a \
+      "cpp/kernels/$op/standalone_test.cu" "cpp/kernels/$op/launch_$op.cu" -o "/tmp/${op}_test.bin"
+    step "${op}_standalone_run" "/tmp/${op}_test.bin"
+  fi
+done
 if stage test; then
   # CI runs the CPU kernels' tests; here the CUDA ones (and the platform-free tests).
   # Autotuning the references' matmuls would dominate the suite's compile time.

@@ -22,6 +22,7 @@
 
 #include "common/standalone_check.h"
 #include "common/standalone_data.h"
+#include "common/standalone_timing.h"
 #include "kernels/activations/launch.h"
 
 using jaxcraft::Activation;
@@ -258,24 +259,6 @@ __global__ void fill(T* p, size_t n, uint32_t seed) {
   }
 }
 
-float copy_bandwidth_gbps() {
-  constexpr size_t kBytes = size_t(1) << 30;
-  Buf a(kBytes), b(kBytes);
-  cudaEvent_t t0, t1;
-  CHECK(cudaEventCreate(&t0));
-  CHECK(cudaEventCreate(&t1));
-  CHECK(cudaMemcpy(b.p, a.p, kBytes, cudaMemcpyDeviceToDevice));
-  CHECK(cudaEventRecord(t0));
-  for (int i = 0; i < kTimingReps; ++i) CHECK(cudaMemcpyAsync(b.p, a.p, kBytes, cudaMemcpyDeviceToDevice));
-  CHECK(cudaEventRecord(t1));
-  CHECK(cudaEventSynchronize(t1));
-  float ms = 0;
-  CHECK(cudaEventElapsedTime(&ms, t0, t1));
-  CHECK(cudaEventDestroy(t0));
-  CHECK(cudaEventDestroy(t1));
-  return float(2.0 * kBytes * kTimingReps / ms / 1e6);  // read + write
-}
-
 // The benchmark shapes, bf16. Bytes = what must cross HBM once:
 //   forward:  x read + y written (+ bias);
 //   backward: x and dy read, dx written (+ bias, + partial sums written).
@@ -310,19 +293,7 @@ void time_case(Activation act, bool gated, bool has_bias, int64_t R, int64_t C, 
   bp.dx = d_dx.p;
   bp.dbias_partial = has_bias ? static_cast<float*>(d_part.p) : nullptr;
   bp.num_partials = partials;
-  cudaEvent_t t0, t1;
-  CHECK(cudaEventCreate(&t0));
-  CHECK(cudaEventCreate(&t1));
-  auto time_ms = [&](auto launch) {
-    CHECK(launch());
-    CHECK(cudaEventRecord(t0));
-    for (int i = 0; i < kTimingReps; ++i) CHECK(launch());
-    CHECK(cudaEventRecord(t1));
-    CHECK(cudaEventSynchronize(t1));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, t0, t1));
-    return ms / kTimingReps;
-  };
+  auto time_ms = [&](auto launch) { return mean_launch_ms(launch, kTimingReps); };
   const float fwd_ms = time_ms([&] { return jaxcraft::launch_activation_fwd(fp, nullptr); });
   const float bwd_ms = time_ms([&] { return jaxcraft::launch_activation_bwd(bp, nullptr); });
   const double bias_bytes = has_bias ? 4.0 * C : 0.0;
@@ -334,8 +305,6 @@ void time_case(Activation act, bool gated, bool has_bias, int64_t R, int64_t C, 
               "bwd %7.1f us %5.0f GB/s (%3.0f%% of copy)\n",
               op_name(c), (long long)R, (long long)W, fwd_ms * 1e3, fwd_gbps, 100 * fwd_gbps / copy_gbps,
               bwd_ms * 1e3, bwd_gbps, 100 * bwd_gbps / copy_gbps);
-  CHECK(cudaEventDestroy(t0));
-  CHECK(cudaEventDestroy(t1));
 }
 
 }  // namespace
@@ -381,7 +350,7 @@ int main(int argc, char** argv) {
   for (const Case& c : cases) all_ok &= run_case(c, seed++);
 
   if (timing) {
-    const float copy = copy_bandwidth_gbps();
+    const float copy = copy_bandwidth_gbps(kTimingReps);
     std::printf("device-to-device copy: %.0f GB/s (read + write)\n", copy);
     for (int64_t C : {4096, 14336}) {
       time_case(Activation::kGeluTanh, false, false, 16384, C, copy);

@@ -23,6 +23,7 @@
 
 #include "common/standalone_check.h"
 #include "common/standalone_data.h"
+#include "common/standalone_timing.h"
 #include "kernels/embedding/launch.h"
 
 using jaxcraft::DType;
@@ -224,24 +225,6 @@ bool run_case(const Case& c, uint64_t seed) {
   return ok;
 }
 
-float copy_bandwidth_gbps() {
-  constexpr size_t kBytes = size_t(1) << 30;
-  Buf a(kBytes), b(kBytes);
-  cudaEvent_t t0, t1;
-  CHECK(cudaEventCreate(&t0));
-  CHECK(cudaEventCreate(&t1));
-  CHECK(cudaMemcpy(b.p, a.p, kBytes, cudaMemcpyDeviceToDevice));
-  CHECK(cudaEventRecord(t0));
-  for (int i = 0; i < kTimingReps; ++i) CHECK(cudaMemcpyAsync(b.p, a.p, kBytes, cudaMemcpyDeviceToDevice));
-  CHECK(cudaEventRecord(t1));
-  CHECK(cudaEventSynchronize(t1));
-  float ms = 0;
-  CHECK(cudaEventElapsedTime(&ms, t0, t1));
-  CHECK(cudaEventDestroy(t0));
-  CHECK(cudaEventDestroy(t1));
-  return float(2.0 * kBytes * kTimingReps / ms / 1e6);  // read + write
-}
-
 // bf16 at the benchmark shape; bytes as bench/specs.py's EmbeddingSpec counts
 // them: forward N rows read + written; backward the cotangent read and the
 // whole dense dtable written once. The deterministic path's sort (XLA's, in
@@ -285,19 +268,7 @@ void time_case(int64_t V, int64_t D, int64_t N, double skew, int64_t hot, float 
   dp.scratch = nullptr;
   dp.sorted_rows = static_cast<int32_t*>(d_sorted.p);
   dp.order = static_cast<int32_t*>(d_order.p);
-  cudaEvent_t t0, t1;
-  CHECK(cudaEventCreate(&t0));
-  CHECK(cudaEventCreate(&t1));
-  auto time_ms = [&](auto launch) {
-    CHECK(launch());
-    CHECK(cudaEventRecord(t0));
-    for (int i = 0; i < kTimingReps; ++i) CHECK(launch());
-    CHECK(cudaEventRecord(t1));
-    CHECK(cudaEventSynchronize(t1));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, t0, t1));
-    return ms / kTimingReps;
-  };
+  auto time_ms = [&](auto launch) { return mean_launch_ms(launch, kTimingReps); };
   const float fwd = time_ms([&] { return jaxcraft::launch_embedding_fwd(fp, nullptr); });
   const float fast = time_ms([&] { return jaxcraft::launch_embedding_bwd(bp, nullptr); });
   const float det = time_ms([&] { return jaxcraft::launch_embedding_bwd(dp, nullptr); });
@@ -310,8 +281,6 @@ void time_case(int64_t V, int64_t D, int64_t N, double skew, int64_t hot, float 
               gbps(fwd_bytes, fwd), 100 * gbps(fwd_bytes, fwd) / copy_gbps, fast * 1e3,
               gbps(bwd_bytes, fast), 100 * gbps(bwd_bytes, fast) / copy_gbps, det * 1e3,
               gbps(bwd_bytes, det), 100 * gbps(bwd_bytes, det) / copy_gbps);
-  CHECK(cudaEventDestroy(t0));
-  CHECK(cudaEventDestroy(t1));
 }
 
 }  // namespace
@@ -345,7 +314,7 @@ int main() {
   uint64_t seed = 1;
   for (const Case& c : cases) all_ok &= run_case(c, seed++);
 
-  const float copy = copy_bandwidth_gbps();
+  const float copy = copy_bandwidth_gbps(kTimingReps);
   std::printf("device-to-device copy: %.0f GB/s (read + write)\n", copy);
   time_case(131072, 4096, 16384, 0.0, 100, copy);
   time_case(131072, 4096, 16384, 0.9, 100, copy);

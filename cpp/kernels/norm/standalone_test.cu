@@ -19,6 +19,7 @@
 
 #include "common/standalone_check.h"
 #include "common/standalone_data.h"
+#include "common/standalone_timing.h"
 #include "kernels/norm/launch.h"
 #include "kernels/norm/norm_rows_kernel.cuh"
 
@@ -300,19 +301,7 @@ void time_case(int64_t R, int64_t C, float copy_gbps) {
   bp.dscale_partial = static_cast<float*>(d_ds.p);
   bp.dbias_partial = static_cast<float*>(d_db.p);
   bp.num_partials = partials;
-  cudaEvent_t t0, t1;
-  CHECK(cudaEventCreate(&t0));
-  CHECK(cudaEventCreate(&t1));
-  auto time_ms = [&](auto launch) {
-    CHECK(launch());
-    CHECK(cudaEventRecord(t0));
-    for (int i = 0; i < kTimingReps; ++i) CHECK(launch());
-    CHECK(cudaEventRecord(t1));
-    CHECK(cudaEventSynchronize(t1));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, t0, t1));
-    return ms / kTimingReps;
-  };
+  auto time_ms = [&](auto launch) { return mean_launch_ms(launch, kTimingReps); };
   const float fwd_ms = time_ms([&] { return jaxcraft::launch_norm_fwd(fp, nullptr); });
   const float bwd_ms = time_ms([&] { return jaxcraft::launch_norm_bwd(bp, nullptr); });
   const double fwd_bytes = 2.0 * n * es;
@@ -322,25 +311,6 @@ void time_case(int64_t R, int64_t C, float copy_gbps) {
               "bwd %.1f us %.0f GB/s (%.0f%% of copy)\n",
               (long long)R, (long long)C, fwd_ms * 1e3, fwd_gbps, 100 * fwd_gbps / copy_gbps,
               bwd_ms * 1e3, bwd_gbps, 100 * bwd_gbps / copy_gbps);
-  CHECK(cudaEventDestroy(t0));
-  CHECK(cudaEventDestroy(t1));
-}
-
-float copy_bandwidth_gbps() {
-  constexpr size_t kBytes = size_t(1) << 30;
-  Buf a(kBytes), b(kBytes);
-  cudaEvent_t t0, t1;
-  CHECK(cudaEventCreate(&t0));
-  CHECK(cudaEventCreate(&t1));
-  CHECK(cudaMemcpy(b.p, a.p, kBytes, cudaMemcpyDeviceToDevice));
-  CHECK(cudaEventRecord(t0));
-  for (int i = 0; i < kTimingReps; ++i)
-    CHECK(cudaMemcpyAsync(b.p, a.p, kBytes, cudaMemcpyDeviceToDevice));
-  CHECK(cudaEventRecord(t1));
-  CHECK(cudaEventSynchronize(t1));
-  float ms = 0;
-  CHECK(cudaEventElapsedTime(&ms, t0, t1));
-  return float(2.0 * kBytes * kTimingReps / ms / 1e6);  // read + write
 }
 
 }  // namespace
@@ -376,7 +346,7 @@ int main() {
   uint64_t seed = 1;
   for (const Case& c : cases) all_ok &= run_case(c, seed++);
 
-  const float copy = copy_bandwidth_gbps();
+  const float copy = copy_bandwidth_gbps(kTimingReps);
   std::printf("device-to-device copy: %.0f GB/s (read + write)\n", copy);
   const int64_t kTimingShapes[][2] = {{4096, 8192}, {4096, 16384}, {4096, 32768}, {2048, 65536}};
   for (const auto& s : kTimingShapes) time_case(s[0], s[1], copy);

@@ -22,6 +22,7 @@
 
 #include "common/standalone_check.h"
 #include "common/standalone_data.h"
+#include "common/standalone_timing.h"
 #include "kernels/softmax/launch.h"
 
 using jaxcraft::DType;
@@ -166,26 +167,6 @@ bool run_case(const Case& c, uint64_t seed) {
   return ok;
 }
 
-float copy_bandwidth_gbps() {
-  const size_t bytes = size_t(1) << 30;
-  void *a, *b;
-  CHECK(cudaMalloc(&a, bytes));
-  CHECK(cudaMalloc(&b, bytes));
-  cudaEvent_t t0, t1;
-  CHECK(cudaEventCreate(&t0));
-  CHECK(cudaEventCreate(&t1));
-  CHECK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
-  CHECK(cudaEventRecord(t0));
-  for (int i = 0; i < kTimingReps; ++i) CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
-  CHECK(cudaEventRecord(t1));
-  CHECK(cudaEventSynchronize(t1));
-  float ms;
-  CHECK(cudaEventElapsedTime(&ms, t0, t1));
-  CHECK(cudaFree(a));
-  CHECK(cudaFree(b));
-  return float(2.0 * bytes * kTimingReps / (ms * 1e-3) / 1e9);
-}
-
 // Forward: read x, write y (2 passes of rows x cols); backward: read y and
 // dy, write dx (3 passes). No mask.
 void time_case(DType dt, int64_t rows, int64_t cols, float copy) {
@@ -210,20 +191,10 @@ void time_case(DType dt, int64_t rows, int64_t cols, float copy) {
   bp.y = y;
   bp.dy = g;
   bp.dx = d;
-  cudaEvent_t t0, t1;
-  CHECK(cudaEventCreate(&t0));
-  CHECK(cudaEventCreate(&t1));
   for (int pass = 0; pass < 2; ++pass) {
     const bool bwd = pass == 1;
-    auto go = [&] { CHECK(bwd ? launch_softmax_bwd(bp, 0) : launch_softmax_fwd(fp, 0)); };
-    go();  // warm-up
-    CHECK(cudaEventRecord(t0));
-    for (int i = 0; i < kTimingReps; ++i) go();
-    CHECK(cudaEventRecord(t1));
-    CHECK(cudaEventSynchronize(t1));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, t0, t1));
-    const double sec = ms * 1e-3 / kTimingReps;
+    const double sec = 1e-3 * mean_launch_ms(
+        [&] { return bwd ? launch_softmax_bwd(bp, 0) : launch_softmax_fwd(fp, 0); }, kTimingReps);
     const double gbps = (bwd ? 3.0 : 2.0) * bytes / sec / 1e9;
     std::printf("  %-4s %6lld x %-7lld %s %8.1f us %7.0f GB/s %5.1f%% of copy\n", dname(dt),
                 (long long)rows, (long long)cols, bwd ? "bwd" : "fwd", sec * 1e6, gbps, 100 * gbps / copy);
@@ -271,7 +242,7 @@ int main(int argc, char** argv) {
   for (const Case& c : cases) all_ok &= run_case(c, seed++);
 
   if (timing) {
-    const float copy = copy_bandwidth_gbps();
+    const float copy = copy_bandwidth_gbps(kTimingReps);
     std::printf("device-to-device copy: %.0f GB/s (read + write)\n", copy);
     for (DType dt : {DType::kBF16, DType::kF32}) {
       time_case(dt, 16384, 4096, copy);

@@ -1,0 +1,43 @@
+// Timing for the standalone kernel test programs (not the library): the
+// mean time of repeated launches, and the device-to-device copy bandwidth
+// the GB/s figures are compared with.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "common/standalone_check.h"
+
+namespace jaxcraft_test {
+
+// Mean milliseconds of `reps` back-to-back calls of `launch` (returning a
+// cudaError_t), after one warm-up call.
+template <class Launch>
+float mean_launch_ms(Launch&& launch, int reps) {
+  cudaEvent_t t0, t1;
+  CHECK(cudaEventCreate(&t0));
+  CHECK(cudaEventCreate(&t1));
+  CHECK(launch());
+  CHECK(cudaEventRecord(t0));
+  for (int i = 0; i < reps; ++i) CHECK(launch());
+  CHECK(cudaEventRecord(t1));
+  CHECK(cudaEventSynchronize(t1));
+  float ms = 0;
+  CHECK(cudaEventElapsedTime(&ms, t0, t1));
+  CHECK(cudaEventDestroy(t0));
+  CHECK(cudaEventDestroy(t1));
+  return ms / reps;
+}
+
+// GB/s of a 1 GiB device-to-device copy, counting bytes read and written.
+inline float copy_bandwidth_gbps(int reps) {
+  constexpr size_t kBytes = size_t(1) << 30;
+  void *a, *b;
+  CHECK(cudaMalloc(&a, kBytes));
+  CHECK(cudaMalloc(&b, kBytes));
+  const float ms = mean_launch_ms(
+      [&] { return cudaMemcpyAsync(b, a, kBytes, cudaMemcpyDeviceToDevice); }, reps);
+  CHECK(cudaFree(a));
+  CHECK(cudaFree(b));
+  return float(2.0 * kBytes / ms / 1e6);
+}
+
+}  // namespace jaxcraft_test
