@@ -554,8 +554,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
         // Causal, window and length masks in a pass of their own, entered
         // once per tile: folded into the loop above, each element's test
-        // compiled to its own branch (most of the H128 P^T pass's warp
-        // samples). Each of the thread's two keys is visible to the queries
+        // compiled to its own branch, taken or not (about half of the H128
+        // P^T pass's warp samples under ncu). Each of the thread's two keys is visible to the queries
         // [q_lo, q_hi): two compares per element.
         if (partial) {
           int q_lo[2], q_hi[2];

@@ -181,10 +181,6 @@ __device__ __forceinline__ void tma_store_commit() {
 __device__ __forceinline__ void tma_store_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
-// Until every committed store or reduction has also written global memory.
-__device__ __forceinline__ void tma_store_wait_all() {
-  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-}
 __device__ __forceinline__ void tma_store_commit_and_wait() {
   tma_store_commit();
   tma_store_wait_read();
