@@ -8,8 +8,10 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
+from jax.sharding import AxisType  # noqa: E402
 
 from jaxcraft import _ffi  # noqa: E402
+from sharding_util import cpu_mesh  # noqa: E402
 
 
 def _gpu_available() -> bool:
@@ -42,3 +44,9 @@ def platform(request):
   device = jax.devices(request.param)[0]
   with jax.default_device(device):
     yield request.param
+
+
+@pytest.fixture(params=[AxisType.Auto, AxisType.Explicit], ids=["auto", "explicit"])
+def mesh(request):
+  """The 4 x 2 CPU mesh (sharding_util.cpu_mesh), in both axis-type modes."""
+  return cpu_mesh(request.param)

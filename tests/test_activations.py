@@ -8,12 +8,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.special
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jaxcraft
 from jaxcraft import _ffi
 from jaxcraft.ops import activations as act_ops
 from numerics import assert_close, f64, random
+from sharding_util import collectives
 
 F32 = jnp.float32
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
@@ -263,20 +264,8 @@ def test_vmap_of_grad_with_prime_rows(platform):
 
 
 # ------------------------------------------------------------------ sharding
-COLLECTIVES = ("all-gather", "all-reduce", "collective-permute", "all-to-all", "reduce-scatter")
-
-
-def _collectives(fn, *args):
-  text = jax.jit(fn).lower(*args).compile().as_text()
-  return [c for c in COLLECTIVES if c in text]
-
-
-@pytest.fixture(params=[AxisType.Auto, AxisType.Explicit], ids=["auto", "explicit"])
-def mesh(request):
-  if len(jax.devices("cpu")) < 8:
-    pytest.skip("needs 8 CPU devices")
-  mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(request.param,) * 2,
-                       devices=jax.devices("cpu")[:8])
+@pytest.fixture
+def mesh(mesh):
   # The tests force the CPU kernels (the policy may pick XLA on CPU), so their
   # unsharded comparisons run on a CPU device too, also where a GPU is the default.
   with jax.default_device(jax.devices("cpu")[0]):
@@ -294,12 +283,12 @@ def test_elementwise_sharding_runs_locally(mesh, spec):
   bs = jax.device_put(bias, NamedSharding(mesh, P(spec[2] if len(spec) > 2 else None)))
   fwd = lambda x, b: jaxcraft.bias_gelu(jaxcraft.gelu(x, implementation="cpu"), b,
                                         implementation="cpu")
-  assert _collectives(fwd, xs, bs) == []
+  assert collectives(fwd, xs, bs) == []
   out = jax.jit(fwd)(xs, bs)
   np.testing.assert_allclose(out, fwd(x, bias), rtol=1e-6, atol=1e-6)
   assert tuple(out.sharding.spec)[:len(spec)] == tuple(spec)
   grad = jax.grad(lambda x, b: jnp.sum(jnp.sin(fwd(x, b))), (0, 1))
-  assert _collectives(grad, xs, bs) == ["all-reduce"]
+  assert collectives(grad, xs, bs) == ["all-reduce"]
   for a, b in zip(jax.jit(grad)(xs, bs), grad(x, bias)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
   # A replicated bias with sharded features: its gradient keeps the bias' type.
@@ -314,9 +303,9 @@ def test_gated_sharding(mesh):
   x = random(jax.random.key(8), (8, 16, 64), jnp.bfloat16, scale=2.0)
   fn = lambda x: jaxcraft.geglu(jaxcraft.swiglu(x, implementation="cpu"), implementation="cpu")
   rows = jax.device_put(x, NamedSharding(mesh, P("data", "model")))
-  assert _collectives(fn, rows) == []
+  assert collectives(fn, rows) == []
   grad = jax.grad(lambda x: jnp.sum(fn(x).astype(F32) ** 2))
-  assert _collectives(grad, rows) == []
+  assert collectives(grad, rows) == []
   np.testing.assert_array_equal(f64(jax.jit(fn)(rows)), f64(fn(x)))
   np.testing.assert_array_equal(f64(jax.jit(grad)(rows)), f64(grad(x)))
   cols = jax.device_put(x, NamedSharding(mesh, P(None, None, "model")))

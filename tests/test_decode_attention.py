@@ -13,11 +13,9 @@ from jax.sharding import PartitionSpec as P
 
 import jaxcraft
 from jaxcraft.ops.decode_attention_reference import decode_attention_reference
+from sharding_util import collectives, cpu_mesh
 
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
-COLLECTIVES = ("all-gather", "all-reduce", "collective-permute", "all-to-all", "reduce-scatter")
-
-
 @pytest.fixture(autouse=True)
 def _float32_matmuls():
   """float32 references at full float32 precision (GPUs default to TF32 matmuls)."""
@@ -328,18 +326,10 @@ def test_grad_raises():
 
 
 # ---------------------------------------------------------------- sharding
-def _collectives(fn, *args):
-  text = jax.jit(fn).lower(*args).compile().as_text()
-  return [c for c in COLLECTIVES if c in text]
-
-
 @pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit], ids=["auto", "explicit"])
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
 def test_sharding(paged, axis_type):
-  if len(jax.devices("cpu")) < 8:
-    pytest.skip("needs 8 CPU devices")
-  mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(axis_type,) * 2,
-                       devices=jax.devices("cpu")[:8])
+  mesh = cpu_mesh(axis_type)
   B, Tq, S = 8, 2, 64
   q, k, v = _inputs(B, Tq, S, 8, 4, 32, jnp.float32, seed=11)
   lengths = _lengths(B, S, seed=11)
@@ -356,7 +346,7 @@ def test_sharding(paged, axis_type):
     # Lengths and tables follow q's batch sharding.
     args = (put(q, *q_spec), put(k, *cache_spec), put(v, *cache_spec), put(lengths, q_spec[0]))
     kws = {n: put(t, q_spec[0]) for n, t in kw.items()}
-    assert _collectives(functools.partial(fn, **kws), *args) == [], (q_spec, cache_spec)
+    assert collectives(functools.partial(fn, **kws), *args) == [], (q_spec, cache_spec)
     out = jax.jit(functools.partial(fn, **kws))(*args)
     np.testing.assert_allclose(out, expected, atol=1e-5, rtol=1e-5)
   # Sequence (page row) sharding is gathered: still the right answer.
@@ -366,10 +356,7 @@ def test_sharding(paged, axis_type):
 
 
 def test_shard_map():
-  if len(jax.devices("cpu")) < 8:
-    pytest.skip("needs 8 CPU devices")
-  mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2,
-                       devices=jax.devices("cpu")[:8])
+  mesh = cpu_mesh(AxisType.Auto)
   q, k, v = _inputs(8, 2, 64, 8, 4, 32, jnp.float32, seed=12)
   lengths = _lengths(8, 64, seed=12)
   kp, vp, tables = _page(k, v, 16, seed=12)

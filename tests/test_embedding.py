@@ -5,21 +5,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jaxcraft
 from jaxcraft import _ffi
 from jaxcraft.ops import embedding as emb
 from numerics import assert_close, f64, random
+from sharding_util import collectives
 
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
 MODES = [None, "clip", "wrap"]
 # D = 1, primes, non-multiples of the 16-byte pack (4 f32 / 8 bf16), a wide row.
 DIMS = [1, 7, 64, 257, 1000]
 ROWS = 37  # prime
-COLLECTIVES = ("all-gather", "all-reduce", "collective-permute", "all-to-all", "reduce-scatter")
-
-
 def _ids(key, shape, rows=ROWS, spread=1.3):
   """Ids in [-spread * rows, spread * rows): in range, negative, and out of range."""
   lim = int(spread * rows)
@@ -292,19 +290,6 @@ def test_reference_docstring_math():
 
 
 # ------------------------------------------------ sharding (8 virtual CPU devices)
-@pytest.fixture(params=[AxisType.Auto, AxisType.Explicit], ids=["auto", "explicit"])
-def mesh(request):
-  if len(jax.devices("cpu")) < 8:
-    pytest.skip("needs 8 CPU devices")
-  return jax.make_mesh((4, 2), ("data", "model"), axis_types=(request.param,) * 2,
-                       devices=jax.devices("cpu")[:8])
-
-
-def _collectives(fn, *args):
-  text = jax.jit(fn).lower(*args).compile().as_text()
-  return [c for c in COLLECTIVES if c in text]
-
-
 def _sharding_inputs():
   k = jax.random.split(jax.random.key(9), 3)
   table = random(k[0], (40, 64), jnp.float32)  # rows divisible by the mesh axes
@@ -331,7 +316,7 @@ def test_sharded_jit(mesh, ids_spec, table_spec, expected):
   is_ = jax.device_put(ids, NamedSharding(mesh, ids_spec))
   fwd = lambda t, i: jaxcraft.embedding_lookup(t, i, implementation="cpu")
   if expected is not None:
-    assert _collectives(fwd, ts, is_) == expected
+    assert collectives(fwd, ts, is_) == expected
   out = jax.jit(fwd)(ts, is_)
   _equal(out, jnp.take(table, ids, axis=0))
   spec = tuple(out.sharding.spec)
@@ -344,7 +329,7 @@ def test_sharded_jit(mesh, ids_spec, table_spec, expected):
         t, i, deterministic=det, implementation="cpu")) * w)
     if expected is not None:
       reduce = ["all-reduce"] if tuple(ids_spec) else []
-      assert _collectives(jax.grad(loss), ts, is_) == expected + reduce
+      assert collectives(jax.grad(loss), ts, is_) == expected + reduce
     grad = jax.jit(jax.grad(loss))(ts, is_)
     ref = jax.grad(lambda t: jnp.sum(jnp.nan_to_num(jnp.take(t, ids, axis=0)) * w))(table)
     np.testing.assert_allclose(grad, ref, rtol=1e-5, atol=1e-5)

@@ -4,26 +4,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jaxcraft
 from numerics import random
-
-COLLECTIVES = ("all-gather", "all-reduce", "collective-permute", "all-to-all", "reduce-scatter")
-
-
-def collectives_in(fn, *args):
-  text = jax.jit(fn).lower(*args).compile().as_text()
-  return [c for c in COLLECTIVES if c in text]
-
-
-@pytest.fixture(params=[AxisType.Auto, AxisType.Explicit], ids=["auto", "explicit"])
-def mesh(request):
-  if len(jax.devices("cpu")) < 8:
-    pytest.skip("needs 8 CPU devices")
-  return jax.make_mesh((4, 2), ("data", "model"), axis_types=(request.param,) * 2,
-                       devices=jax.devices("cpu")[:8])
-
+from sharding_util import collectives
 
 def _norm_inputs():
   k = jax.random.split(jax.random.key(0), 3)
@@ -36,7 +21,7 @@ def test_norm_row_sharding_runs_locally(mesh, spec):
   x, scale, bias = _norm_inputs()
   xs = jax.device_put(x, NamedSharding(mesh, spec))
   fwd = lambda x, s, b: jaxcraft.layer_norm(x, s, b, residual=x)
-  assert collectives_in(fwd, xs, scale, bias) == []
+  assert collectives(fwd, xs, scale, bias) == []
   out, h = jax.jit(fwd)(xs, scale, bias)
   ref, _ = fwd(x, scale, bias)
   np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-6)
@@ -45,7 +30,7 @@ def test_norm_row_sharding_runs_locally(mesh, spec):
   # so one all-reduce of [C] values is expected and nothing else.
   loss = lambda x, s, b: jnp.sum(jnp.sin(jaxcraft.rms_norm(x, s, residual=x)[0]))
   grad = jax.grad(loss, (0, 1))
-  assert collectives_in(grad, xs, scale, bias) == ["all-reduce"]
+  assert collectives(grad, xs, scale, bias) == ["all-reduce"]
   for a, b in zip(jax.jit(grad)(xs, scale, bias), grad(x, scale, bias)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
@@ -83,10 +68,10 @@ def test_attention_batch_and_head_sharding_run_locally(mesh, spec):
   q, k, v = _attention_inputs()
   put = lambda a: jax.device_put(a, NamedSharding(mesh, spec))
   fn = lambda q, k, v: jaxcraft.dot_product_attention(q, k, v, is_causal=True)
-  assert collectives_in(fn, put(q), put(k), put(v)) == []
+  assert collectives(fn, put(q), put(k), put(v)) == []
   np.testing.assert_allclose(jax.jit(fn)(put(q), put(k), put(v)), fn(q, k, v), rtol=1e-5, atol=1e-5)
   grad = jax.grad(lambda q, k, v: jnp.sum(jnp.sin(fn(q, k, v))), (0, 1, 2))
-  assert collectives_in(grad, put(q), put(k), put(v)) == []
+  assert collectives(grad, put(q), put(k), put(v)) == []
   for a, b in zip(jax.jit(grad)(put(q), put(k), put(v)), grad(q, k, v)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
@@ -107,7 +92,7 @@ def test_attention_variants_batch_sharded_run_locally(mesh):
       q, k, v, b, q_segment_ids=qi, kv_segment_ids=ki, logit_soft_cap=3.0)))
   grad = jax.grad(fn, (0, 3))
   args = (q, k, v, bias, ids[:, :32], ids)
-  assert collectives_in(grad, *map(put, args)) == []
+  assert collectives(grad, *map(put, args)) == []
   for a, b in zip(jax.jit(grad)(*map(put, args)), grad(*args)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 

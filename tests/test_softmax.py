@@ -8,12 +8,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jaxcraft
 from jaxcraft import _ffi
 from jaxcraft.ops import softmax as softmax_ops
 from numerics import assert_close, f64, random
+from sharding_util import collectives
 
 F32 = jnp.float32
 SCALE = 3.0  # logits' spread: exp over ~e^+-10
@@ -168,20 +169,8 @@ def test_empty_and_one_dimensional(platform):
 
 
 # ------------------------------------------------------------------ sharding
-COLLECTIVES = ("all-gather", "all-reduce", "collective-permute", "all-to-all", "reduce-scatter")
-
-
-def _collectives(fn, *args):
-  text = jax.jit(fn).lower(*args).compile().as_text()
-  return [c for c in COLLECTIVES if c in text]
-
-
-@pytest.fixture(params=[AxisType.Auto, AxisType.Explicit], ids=["auto", "explicit"])
-def mesh(request):
-  if len(jax.devices("cpu")) < 8:
-    pytest.skip("needs 8 CPU devices")
-  mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(request.param,) * 2,
-                       devices=jax.devices("cpu")[:8])
+@pytest.fixture
+def mesh(mesh):
   with jax.default_device(jax.devices("cpu")[0]):
     yield mesh
 
@@ -195,7 +184,7 @@ def test_sharding(mesh):
   grad = jax.grad(lambda x, w: jnp.sum(jnp.sin(fn(x, w))))
   rows = NamedSharding(mesh, P("data", "model"))
   xs, ws = jax.device_put(x, rows), jax.device_put(where, rows)
-  assert _collectives(fn, xs, ws) == [] and _collectives(grad, xs, ws) == []
+  assert collectives(fn, xs, ws) == [] and collectives(grad, xs, ws) == []
   out = jax.jit(fn)(xs, ws)
   assert tuple(out.sharding.spec)[:2] == ("data", "model")
   np.testing.assert_array_equal(out, fn(x, where))
