@@ -691,10 +691,12 @@ double median_ms(const std::vector<float>& t) {
 // Device buffers of a [B, S, N, H] bf16 self-attention problem for the
 // timing runs: random q, k, v and dO; outputs and scratch left unset.
 struct TimingBuffers {
+  int B, S, N, H;
   size_t n;
   uint16_t *q, *k, *v, *o, *o2, *d_o, *gq, *gk, *gv, *gk2;
   float *lse, *delta, *acc;
-  TimingBuffers(int B, int S, int N, int H, unsigned seed) : n(size_t(B) * S * N * H) {
+  TimingBuffers(int B_, int S_, int N_, int H_, unsigned seed)
+      : B(B_), S(S_), N(N_), H(H_), n(size_t(B_) * S_ * N_ * H_) {
     for (uint16_t** p : {&q, &k, &v, &o, &o2, &d_o, &gq, &gk, &gv, &gk2}) CHECK(cudaMalloc(p, n * 2));
     CHECK(cudaMalloc(&lse, size_t(B) * N * S * 4));
     CHECK(cudaMalloc(&delta, size_t(B) * N * S * 4));
@@ -705,6 +707,25 @@ struct TimingBuffers {
     for (auto& x : h) x = to_bits(dist(rng), DType::kBF16);
     for (uint16_t* p : {q, k, v, d_o}) CHECK(cudaMemcpy(p, h.data(), n * 2, cudaMemcpyHostToDevice));
   }
+  // Self-attention over these buffers (no features but the causal mask).
+  jaxcraft::AttentionFwdParams fwd_params(bool causal) const {
+    jaxcraft::AttentionFwdParams fp;
+    fp.shape = {B, S, S, N, N, H};
+    fp.mask.causal = causal;
+    fp.scale = 1.f / std::sqrt(float(H));
+    fp.q = q, fp.k = k, fp.v = v, fp.o = o, fp.lse = lse;
+    return fp;
+  }
+  jaxcraft::AttentionBwdParams bwd_params(bool causal) const {
+    const jaxcraft::AttentionFwdParams fp = fwd_params(causal);
+    jaxcraft::AttentionBwdParams bp;
+    bp.shape = fp.shape;
+    bp.mask = fp.mask;
+    bp.scale = fp.scale;
+    bp.q = q, bp.k = k, bp.v = v, bp.o = o, bp.d_o = d_o, bp.lse = lse;
+    bp.dq = gq, bp.dk = gk, bp.dv = gv, bp.delta = delta, bp.dq_accum = acc;
+    return bp;
+  }
   ~TimingBuffers() {
     for (void* p : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)o2, (void*)d_o, (void*)gq,
                     (void*)gk, (void*)gv, (void*)gk2, (void*)lse, (void*)delta, (void*)acc})
@@ -714,21 +735,8 @@ struct TimingBuffers {
 
 void bench(int B, int S, int N, int H, bool causal) {
   TimingBuffers buf(B, S, N, H, 7);
-  uint16_t *q = buf.q, *k = buf.k, *v = buf.v, *o = buf.o, *d_o = buf.d_o, *gq = buf.gq, *gk = buf.gk,
-           *gv = buf.gv;
-  float *lse = buf.lse, *delta = buf.delta, *acc = buf.acc;
-
-  jaxcraft::AttentionFwdParams fp;
-  fp.shape = {B, S, S, N, N, H};
-  fp.mask.causal = causal;
-  fp.scale = 1.f / std::sqrt(float(H));
-  fp.q = q, fp.k = k, fp.v = v, fp.o = o, fp.lse = lse;
-  jaxcraft::AttentionBwdParams bp;
-  bp.shape = fp.shape;
-  bp.mask = fp.mask;
-  bp.scale = fp.scale;
-  bp.q = q, bp.k = k, bp.v = v, bp.o = o, bp.d_o = d_o, bp.lse = lse;
-  bp.dq = gq, bp.dk = gk, bp.dv = gv, bp.delta = delta, bp.dq_accum = acc;
+  const jaxcraft::AttentionFwdParams fp = buf.fwd_params(causal);
+  jaxcraft::AttentionBwdParams bp = buf.bwd_params(causal);
 
   cudaEvent_t e0, e1;
   CHECK(cudaEventCreate(&e0));
@@ -757,19 +765,8 @@ void bench(int B, int S, int N, int H, bool causal) {
 // One forward and one backward (for a profiler to pick the kernels out).
 void profile_bwd(int B, int S, int N, int H, bool causal) {
   TimingBuffers buf(B, S, N, H, 7);
-  jaxcraft::AttentionFwdParams fp;
-  fp.shape = {B, S, S, N, N, H};
-  fp.mask.causal = causal;
-  fp.scale = 1.f / std::sqrt(float(H));
-  fp.q = buf.q, fp.k = buf.k, fp.v = buf.v, fp.o = buf.o, fp.lse = buf.lse;
-  jaxcraft::AttentionBwdParams bp;
-  bp.shape = fp.shape;
-  bp.mask = fp.mask;
-  bp.scale = fp.scale;
-  bp.q = buf.q, bp.k = buf.k, bp.v = buf.v, bp.o = buf.o, bp.d_o = buf.d_o, bp.lse = buf.lse;
-  bp.dq = buf.gq, bp.dk = buf.gk, bp.dv = buf.gv, bp.delta = buf.delta, bp.dq_accum = buf.acc;
-  CHECK(jaxcraft::launch_attention_fwd(fp, 0));
-  CHECK(jaxcraft::launch_attention_bwd(bp, 0));
+  CHECK(jaxcraft::launch_attention_fwd(buf.fwd_params(causal), 0));
+  CHECK(jaxcraft::launch_attention_bwd(buf.bwd_params(causal), 0));
   CHECK(cudaDeviceSynchronize());
 }
 
@@ -865,23 +862,13 @@ void bwd_sm90_variants(int B, int S, bool causal) {
   uint16_t *q = buf.q, *k = buf.k, *v = buf.v, *o = buf.o, *d_o = buf.d_o, *gq = buf.gq, *gk = buf.gk,
            *gv = buf.gv, *gk2 = buf.gk2;
   float *lse = buf.lse, *delta = buf.delta, *acc = buf.acc;
-  jaxcraft::AttentionFwdParams fp;
-  fp.shape = {B, S, S, N, N, H};
-  fp.mask.causal = causal;
-  fp.scale = 1.f / std::sqrt(float(H));
-  fp.q = q, fp.k = k, fp.v = v, fp.o = o, fp.lse = lse;
-  CHECK(jaxcraft::launch_attention_fwd(fp, 0));
-  jaxcraft::AttentionBwdParams bp;
-  bp.shape = fp.shape;
-  bp.mask = fp.mask;
-  bp.scale = fp.scale;
-  bp.q = q, bp.k = k, bp.v = v, bp.o = o, bp.d_o = d_o, bp.lse = lse;
-  bp.dq = gq, bp.dk = gk, bp.dv = gv, bp.delta = delta, bp.dq_accum = acc;
+  CHECK(jaxcraft::launch_attention_fwd(buf.fwd_params(causal), 0));
+  const jaxcraft::AttentionBwdParams bp = buf.bwd_params(causal);
   CHECK(jaxcraft::launch_attention_bwd(bp, 0));  // delta and the default dK
   jaxcraft::attn::BwdArgs ba{};
   ba.shape = {B, S, S, N, N, H};
   ba.mask = {causal ? 1 : 0, 0, -1, -1, nullptr, nullptr};
-  ba.scale = fp.scale;
+  ba.scale = bp.scale;
   ba.q = q, ba.k = k, ba.v = v, ba.o = o, ba.d_o = d_o, ba.lse = lse;
   ba.dq = gq, ba.dk = gk2, ba.dv = gv, ba.delta = delta, ba.dq_accum = acc;
   const double flops = 2.5 * 4.0 * B * N * double(S) * S * H * (causal ? 0.5 : 1.0);
