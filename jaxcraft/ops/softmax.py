@@ -83,7 +83,7 @@ def softmax_reference(x, axis=-1, where=None):
 def _policy(pass_, platform, avals_in, *, implementation):
   """The policy table's choice, under implementation=None only (a forced
   kernel always runs)."""
-  cols = avals_in[0].shape[-1] if avals_in[0].ndim else 1
+  cols = avals_in[0].shape[1]  # x is [rows, cols] here
   if implementation is None and default_implementation(platform, pass_, cols) == "xla":
     return f"the implementation=None policy runs XLA for softmax {pass_} on {platform}"
   return None
