@@ -13,6 +13,9 @@ variant and prints its row as JSON; `run` (bench/run.py --ops train) runs all th
 from __future__ import annotations
 
 import argparse
+import collections
+import glob
+import gzip
 import json
 import os
 import re
@@ -69,6 +72,57 @@ def measure(variant: str, spec_name: str) -> dict:
               peak_gib=None if peak is None else peak / 2 ** 30, loss=float(loss))
 
 
+def kernel_times(variant: str, spec_name: str, trace_dir: str, steps: int = 3) -> list:
+  """GPU time per kernel name over `steps` traced steps (after the warm-up), from the JAX
+  profiler's Perfetto trace: [(name, total us per step, calls per step)], largest first.
+  Where the gap to a peer comes from, kernel by kernel."""
+  spec = TRAIN_SPECS[spec_name]
+  config = gpt.Config(vocab=spec.vocab, seq_len=spec.seqlen, batch=spec.batch,
+                      layers=spec.layers, d_model=spec.d_model, heads=spec.heads,
+                      mlp_hidden=spec.mlp_hidden, dtype="bfloat16")
+  model = gpt.make_model("jaxcraft" if variant == "jaxcraft" else "flax", config,
+                         attention_fn=cudnn_attention if variant == "cudnn" else None)
+  optimizer = optax.adam(config.lr)
+  params = gpt.init_params(config)
+  opt_state = jax.jit(optimizer.init)(params)
+  step = gpt.make_train_step(model, optimizer)
+  tokens = jax.random.randint(jax.random.key(1), (spec.batch, spec.seqlen + 1), 0, spec.vocab)
+  for _ in range(WARMUP):
+    params, opt_state, _ = jax.block_until_ready(step(params, opt_state, tokens))
+  with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+    for _ in range(steps):
+      params, opt_state, _ = jax.block_until_ready(step(params, opt_state, tokens))
+  path = sorted(glob.glob(os.path.join(trace_dir, "**", "perfetto_trace.json.gz"),
+                          recursive=True))[-1]
+  events = json.load(gzip.open(path))["traceEvents"]
+  names = {(e["pid"], e.get("tid"), e["name"]): str(e.get("args", {}).get("name", ""))
+           for e in events if e.get("ph") == "M"}
+  gpu = {pid for (pid, _, kind), name in names.items() if kind == "process_name" and "GPU" in name}
+  # The device's stream lines hold the kernels ("XLA Ops"/"XLA Modules" lines repeat them).
+  streams = {(pid, tid) for (pid, tid, kind), name in names.items()
+             if pid in gpu and kind == "thread_name" and name.startswith("Stream")}
+  if not streams:
+    raise RuntimeError(f"no GPU stream in the trace; its lines: {sorted(set(names.values()))}")
+  kernels = sorted((e["ts"], e.get("dur", 0), e["name"]) for e in events
+                   if e.get("ph") == "X" and (e.get("pid"), e.get("tid")) in streams)
+  total, calls = collections.Counter(), collections.Counter()
+  # Idle device time between a kernel's end and the next start, by the pair around it.
+  gaps, end, before = collections.Counter(), None, None
+  for ts, dur, name in kernels:
+    total[name] += dur / steps
+    calls[name] += 1 / steps
+    if end is not None and ts > end:
+      gaps[(before[:60], name[:60])] += (ts - end) / steps
+    if end is None or ts + dur > end:
+      end, before = ts + dur, name
+  span = (end - kernels[0][0]) / steps
+  print(f"{variant}: device span {span / 1e3:.2f} ms per step, idle "
+        f"{sum(gaps.values()) / 1e3:.2f} ms; largest idle gaps (us per step):")
+  for (a, b), us in gaps.most_common(12):
+    print(f"  {us:8.1f}  {a}  ->  {b}")
+  return [(name, us, calls[name]) for name, us in total.most_common()]
+
+
 def _spec_name() -> str:
   if jax.default_backend() == "cpu":
     return "smoke"  # a full-size step takes minutes on a CPU
@@ -102,7 +156,15 @@ def main():
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--model", choices=VARIANTS, required=True)
   parser.add_argument("--spec", choices=tuple(TRAIN_SPECS), default="full")
+  parser.add_argument("--profile", metavar="DIR",
+                      help="trace 3 steps into DIR and print GPU time per kernel instead")
   args = parser.parse_args()
+  if args.profile:
+    rows = kernel_times(args.model, args.spec, args.profile)
+    print(f"{args.model}: GPU kernel time {sum(r[1] for r in rows) / 1e3:.2f} ms per step")
+    for name, us, n in rows[:40]:
+      print(f"{us:10.1f} us {n:6.1f} calls  {name[:150]}")
+    return
   print(json.dumps(measure(args.model, args.spec)))
 
 

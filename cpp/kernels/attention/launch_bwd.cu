@@ -62,9 +62,9 @@ cudaError_t run_bwd(const AttentionBwdParams& p, attn::BwdArgs a, cudaStream_t s
 
   a.dq_accum = p.deterministic ? nullptr : p.dq_accum;  // zeroed by the delta kernel
   if (has_queries) {
-    const int64_t blocks = (rows + attn::kRowWarpsPerBlock - 1) / attn::kRowWarpsPerBlock;
-    attn::attn_bwd_delta_kernel<kDt>
-        <<<static_cast<unsigned>(blocks), attn::kRowWarpsPerBlock * attn::kWarpSize, 0, stream>>>(a);
+    const int64_t threads = rows * attn::delta_lanes_per_row(s.head_dim);
+    const int64_t blocks = (threads + attn::kDeltaThreads - 1) / attn::kDeltaThreads;
+    attn::attn_bwd_delta_kernel<kDt><<<static_cast<unsigned>(blocks), attn::kDeltaThreads, 0, stream>>>(a);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
   const int64_t dq_elems = rows * s.head_dim;

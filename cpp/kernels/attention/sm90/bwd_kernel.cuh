@@ -26,6 +26,7 @@
 #include "kernels/attention/sm90/features.cuh"
 #include "kernels/attention/sm90/hopper.cuh"
 #include "kernels/attention/sm90/tensor_map.h"
+#include "kernels/attention/sm90/tile_order.h"
 #include "kernels/attention/softmax.cuh"
 
 namespace jaxcraft {
@@ -131,6 +132,7 @@ struct BwdSm90Args {
   // the kernel then writes every element (no memset).
   CUtensorMap dbias_map;
   int dbias_tma;
+  int tile_group;  // tile_order.h
 };
 
 // kFeat (features.cuh): kPlain, or the instances that add segment ids and
@@ -172,8 +174,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (tid == 0) ring.init(Cfg::kFullArrivals, Cfg::kConsumers * kWarpgroupThreads);
   __syncthreads();
 
-  const int n0 = blockIdx.x * kBN;
-  const int kv_head = blockIdx.y, b = blockIdx.z;
+  // Lowest key tiles first: under a causal mask they see the most queries.
+  const TileItem item = tile_item(p.tile_group);
+  const int n0 = item.rank * kBN;
+  const int kv_head = item.head, b = item.batch;
   const int group = sh.num_heads / sh.num_kv_heads;
   const SeqLens lens = seq_lens(a.mask, sh, b);
   // The query tiles [mt_begin, mt_end) this CTA visits (for each query head
@@ -831,6 +835,10 @@ cudaError_t launch_bwd_sm90(const BwdArgs& a, cudaStream_t stream,
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid((s.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, s.num_kv_heads, s.batch);
+  // Each KV head's tiles stream Q and dO of the query heads of its group.
+  p.tile_group = tile_group(a.mask.causal, int64_t(s.seqlen_q) * s.head_dim * 4 *
+                                               (s.num_heads / s.num_kv_heads),
+                            int64_t(s.num_kv_heads) * s.batch);
   kernel<<<grid, Cfg::kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }

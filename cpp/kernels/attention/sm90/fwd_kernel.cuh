@@ -19,6 +19,7 @@
 #include "kernels/attention/sm90/features.cuh"
 #include "kernels/attention/sm90/hopper.cuh"
 #include "kernels/attention/sm90/tensor_map.h"
+#include "kernels/attention/sm90/tile_order.h"
 #include "kernels/attention/softmax.cuh"
 
 namespace jaxcraft {
@@ -104,6 +105,7 @@ struct FwdSm90Args {
   CUtensorMap o_map;  // box 64 rows (one consumer warpgroup)
   FwdArgs a;
   CUtensorMap bias_map;  // kBias instances: box kBlockM rows x 128 bytes
+  int tile_group;        // tile_order.h
 };
 
 // kFeat (features.cuh): kPlain, or the instances that add segment ids and
@@ -149,8 +151,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   __syncthreads();
 
   // Highest query tiles first: under a causal mask they have the most keys.
-  const int m_block = gridDim.x - 1 - blockIdx.x;
-  const int head = blockIdx.y, b = blockIdx.z;
+  const TileItem item = tile_item(p.tile_group);
+  const int m_block = gridDim.x - 1 - item.rank;
+  const int head = item.head, b = item.batch;
   const int kv_head = head / (sh.num_heads / sh.num_kv_heads);
   const SeqLens lens = seq_lens(a.mask, sh, b);
   const int m0 = m_block * kBM;
@@ -640,6 +643,9 @@ cudaError_t launch_fwd_sm90(const FwdArgs& a, cudaStream_t stream,
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid((s.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, s.num_heads, s.batch);
+  // Each query head's tiles stream its KV head's K and V.
+  p.tile_group = tile_group(a.mask.causal, int64_t(s.seqlen_k) * s.head_dim * 4,
+                            int64_t(s.num_heads) * s.batch);
   kernel<<<grid, Cfg::kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
