@@ -74,10 +74,23 @@ class StockBlock(linen.Module):
         num_heads=self.num_heads, dtype=self.dtype, param_dtype=self.param_dtype,
         attention_fn=self.attention_fn, name="attention")
     h = x + attention(norm("attention_norm")(x), mask=linen.make_causal_mask(x[..., 0]))
-    # jaxcraft's MLP is plain linen.Dense layers, shared so the parameter trees agree.
-    mlp = jaxcraft.nn.MLP(self.mlp_hidden, dtype=self.dtype, param_dtype=self.param_dtype,
-                          name="mlp")
+    mlp = StockMLP(self.mlp_hidden, dtype=self.dtype, param_dtype=self.param_dtype, name="mlp")
     return h + mlp(norm("mlp_norm")(h)).astype(h.dtype)
+
+
+class StockMLP(linen.Module):
+  """`jaxcraft.nn.MLP` (SwiGLU) as stock Flax writes it: the same Dense layers and names, the
+  activation in jax.nn."""
+  hidden: int
+  dtype: Any = None
+  param_dtype: Any = jnp.float32
+
+  @linen.compact
+  def __call__(self, x):
+    dense = lambda features, name: linen.Dense(features, dtype=self.dtype,
+                                               param_dtype=self.param_dtype, name=name)
+    a, b = jnp.split(dense(2 * self.hidden, "wi")(x), 2, axis=-1)
+    return dense(x.shape[-1], "wo")(jax.nn.silu(a) * b)
 
 
 class GPT(linen.Module):

@@ -5,18 +5,22 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import flax.linen as linen
-import jax
 import jax.numpy as jnp
 
 from jaxcraft.nn.attention import MultiHeadAttention
 from jaxcraft.nn.normalization import LayerNorm, RMSNorm
+from jaxcraft.ops import activations
 
 ACTIVATIONS = ("swiglu", "gelu")
 
 
 class MLP(linen.Module):
   """Feed-forward layer: "swiglu" (Dense "wi" to 2 x hidden, silu(a) * b,
-  Dense "wo") or "gelu" (Dense "wi" to hidden, tanh-GELU, Dense "wo")."""
+  Dense "wo") or "gelu" (Dense "wi" to hidden, tanh-GELU, Dense "wo").
+
+  The activation is jaxcraft's op (float32 math; on the GPU the SwiGLU
+  backward kernel writes the gradient of both halves into one array, where
+  XLA's gradient of the split adds a concatenation pass)."""
   hidden: int
   activation: str = "swiglu"
   dtype: Any = None
@@ -31,10 +35,9 @@ class MLP(linen.Module):
         features, dtype=self.dtype, param_dtype=self.param_dtype,
         kernel_init=self.kernel_init, name=name)
     if self.activation == "swiglu":
-      a, b = jnp.split(dense(2 * self.hidden, "wi")(x), 2, axis=-1)
-      h = jax.nn.silu(a) * b
+      h = activations.swiglu(dense(2 * self.hidden, "wi")(x))
     else:
-      h = jax.nn.gelu(dense(self.hidden, "wi")(x), approximate=True)
+      h = activations.gelu(dense(self.hidden, "wi")(x), approximate=True)
     return dense(x.shape[-1], "wo")(h)
 
 

@@ -5,18 +5,19 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from jaxcraft.nn.transformer import ACTIVATIONS
 from jaxcraft.nnx.attention import MultiHeadAttention
 from jaxcraft.nnx.normalization import LayerNorm, RMSNorm
+from jaxcraft.ops import activations
 
 
 class MLP(nnx.Module):
   """Feed-forward layer: "swiglu" (Linear `wi` to 2 x hidden, silu(a) * b,
-  Linear `wo`) or "gelu" (Linear `wi` to hidden, tanh-GELU, Linear `wo`)."""
+  Linear `wo`) or "gelu" (Linear `wi` to hidden, tanh-GELU, Linear `wo`), the
+  activation by jaxcraft's op (see `jaxcraft.nn.MLP`)."""
 
   def __init__(self, features: int, hidden: int, activation: str = "swiglu", *,
                dtype: Any = None, param_dtype: Any = jnp.float32, rngs: nnx.Rngs):
@@ -30,9 +31,8 @@ class MLP(nnx.Module):
 
   def __call__(self, x):
     if self.activation == "swiglu":
-      a, b = jnp.split(self.wi(x), 2, axis=-1)
-      return self.wo(jax.nn.silu(a) * b)
-    return self.wo(jax.nn.gelu(self.wi(x), approximate=True))
+      return self.wo(activations.swiglu(self.wi(x)))
+    return self.wo(activations.gelu(self.wi(x), approximate=True))
 
 
 class TransformerBlock(nnx.Module):
