@@ -78,7 +78,10 @@ def test_linen_and_nnx_dropout_run_in_the_kernel(platform, broadcast):
       np.testing.assert_allclose(fn(q, k, v, **kw), expected, rtol=1e-5, atol=1e-5)
       np.testing.assert_allclose(fn(q, k, v, **dict(kw, deterministic=True)),
                                  jaxcraft.dot_product_attention(q, k, v), rtol=1e-6, atol=1e-6)
-  text = jax.jit(lambda q: jaxcraft.nn.dot_product_attention(q, k, v, **kw)).lower(q).as_text()
+  # The custom call, in bfloat16: every platform's kernel takes it (the CUDA kernels take no
+  # float32, which runs the reference there).
+  qb, kb, vb = (x.astype(jnp.bfloat16) for x in (q, k, v))
+  text = jax.jit(lambda q: jaxcraft.nn.dot_product_attention(q, kb, vb, **kw)).lower(qb).as_text()
   assert "jaxcraft_attention_fwd" in text
 
 
@@ -102,8 +105,10 @@ def test_linen_mhdpa_with_jaxcraft_attention_fn(platform):
     ref = f64(theirs.apply(params, x, mask=mask))
   assert_close(ours.apply(params, x, mask=mask), theirs.apply(params, x, mask=mask), ref)
   loss = lambda m: lambda p: jnp.sum(jnp.sin(m.apply(p, x, mask=mask)))
-  for a, b in zip(jax.tree.leaves(jax.grad(loss(ours))(params)),
-                  jax.tree.leaves(jax.grad(loss(theirs))(params))):
+  # Full float32 matmuls: the GPU's default (TF32) would compare rounding noise.
+  with jax.default_matmul_precision("highest"):
+    grads = [jax.tree.leaves(jax.grad(loss(m))(params)) for m in (ours, theirs)]
+  for a, b in zip(*grads):
     np.testing.assert_allclose(f64(a), f64(b), rtol=1e-4, atol=1e-5)
 
 
