@@ -1,13 +1,15 @@
 """One GPT training step (forward + backward + Adam, jitted, parameters and optimizer state
 donated) of jaxcraft/examples/gpt.py's model, three ways:
 
-  jaxcraft  jaxcraft.nn.TransformerBlock (fused residual + RMSNorm kernel, flash attention)
+  jaxcraft  jaxcraft.nn.TransformerBlock (fused residual + RMSNorm kernel, flash attention,
+            SwiGLU through jaxcraft.swiglu)
   flax      the stock flax.linen block with XLA's attention (materializes B x N x S x S logits)
   cudnn     the stock flax.linen block with cuDNN's fused attention as its attention_fn
 
 Each variant runs in a fresh process, because the peak-memory counter is process-wide and
 cannot be reset. `python bench/train_step.py --model jaxcraft [--spec quick]` measures one
 variant and prints its row as JSON; `run` (bench/run.py --ops train) runs all three.
+`--profile DIR` prints the variant's GPU time per kernel and its idle gaps instead.
 """
 
 from __future__ import annotations
