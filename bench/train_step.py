@@ -90,8 +90,9 @@ def measure(variant: str, spec_name: str) -> dict:
 
 
 def kernel_times(variant: str, spec_name: str, trace_dir: str, steps: int = 3) -> list:
-  """GPU time per kernel name over `steps` traced steps (after the warm-up), from the JAX
-  profiler's Perfetto trace: [(name, total us per step, calls per step)], largest first.
+  """Per step, over `steps` traced steps (after the warm-up), from the JAX profiler's Perfetto
+  trace: GPU time per kernel name [(name, us, calls)], largest first; the device span (first
+  kernel's start to last kernel's end) in us; idle gaps {(kernel before, kernel after): us}.
   Where the gap to a peer comes from, kernel by kernel."""
   step, params, opt_state, tokens = _setup(variant, TRAIN_SPECS[spec_name])
   for _ in range(WARMUP):
@@ -122,12 +123,8 @@ def kernel_times(variant: str, spec_name: str, trace_dir: str, steps: int = 3) -
       gaps[(before[:60], name[:60])] += (ts - end) / steps
     if end is None or ts + dur > end:
       end, before = ts + dur, name
-  span = (end - kernels[0][0]) / steps
-  print(f"{variant}: device span {span / 1e3:.2f} ms per step, idle "
-        f"{sum(gaps.values()) / 1e3:.2f} ms; largest idle gaps (us per step):")
-  for (a, b), us in gaps.most_common(12):
-    print(f"  {us:8.1f}  {a}  ->  {b}")
-  return [(name, us, calls[name]) for name, us in total.most_common()]
+  rows = [(name, us, calls[name]) for name, us in total.most_common()]
+  return rows, (end - kernels[0][0]) / steps, gaps
 
 
 def _spec_name() -> str:
@@ -168,7 +165,11 @@ def main():
                       help="trace 3 steps into DIR and print GPU time per kernel instead")
   args = parser.parse_args()
   if args.profile:
-    rows = kernel_times(args.model, args.spec, args.profile)
+    rows, span, gaps = kernel_times(args.model, args.spec, args.profile)
+    print(f"{args.model}: device span {span / 1e3:.2f} ms per step, idle "
+          f"{sum(gaps.values()) / 1e3:.2f} ms; largest idle gaps (us per step):")
+    for (before, after), us in gaps.most_common(12):
+      print(f"  {us:8.1f}  {before}  ->  {after}")
     print(f"{args.model}: GPU kernel time {sum(r[1] for r in rows) / 1e3:.2f} ms per step")
     for name, us, n in rows[:40]:
       print(f"{us:10.1f} us {n:6.1f} calls  {name[:150]}")

@@ -559,8 +559,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // Causal, window and length masks in a pass of their own, entered
         // once per tile: folded into the loop above, each element's test
         // compiled to its own branch, taken or not (about half of the H128
-        // P^T pass's warp samples under ncu). Each of the thread's two keys is visible to the queries
-        // [q_lo, q_hi): two compares per element.
+        // P^T pass's warp samples under ncu). Each of the thread's two keys
+        // is visible to the queries [q_lo, q_hi): two compares per element.
         if (partial) {
           int q_lo[2], q_hi[2];
 #pragma unroll
