@@ -10,6 +10,7 @@ import jaxcraft
 from numerics import random
 from sharding_util import collectives
 
+
 def _norm_inputs():
   k = jax.random.split(jax.random.key(0), 3)
   return (random(k[0], (8, 16, 128), jnp.float32), random(k[1], (128,), jnp.float32),
