@@ -10,15 +10,11 @@ import jax.numpy as jnp
 
 import jaxcraft
 from specs import ATTENTION_SPECS, AttentionSpec
-from timing import time_step
+from timing import MIN_SPAN_S, time_step
 
 DTYPE = jnp.bfloat16
 # XLA's attention materializes B x N x S x S logits: skip it past this length.
 XLA_MAX_SEQLEN = 2048
-# Chains differ by at least this much device time (timing.time_step): a
-# 3-step difference of a 50-us step was within host jitter (cells above the
-# matmul ceiling at S 512).
-MIN_SPAN_S = 0.01
 # JAXCRAFT_BENCH_QUICK=1: the headline rows only (short device leases).
 QUICK_SPECS = [AttentionSpec(128, 2048, False), AttentionSpec(128, 2048, True),
                AttentionSpec(64, 2048, False)]

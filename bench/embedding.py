@@ -19,10 +19,9 @@ import jax.numpy as jnp
 import jaxcraft
 from jaxcraft.ops import embedding as emb
 from specs import EMBEDDING_SMOKE_SPECS, EMBEDDING_SPECS
-from timing import time_step
+from timing import MIN_SPAN_S, time_step
 
 DTYPE = jnp.bfloat16
-MIN_SPAN_S = 0.01  # see timing.time_step: host jitter under 1% of the measured span
 
 
 def ids_for(spec, key):

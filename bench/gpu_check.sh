@@ -3,7 +3,8 @@
 # compute-sanitizer on small cases, benchmarks. Logs and JSON go to $OUT.
 #   bash bench/gpu_check.sh [ops=norm] [stages=build,test,sanitize,bench]
 #   (more stages: standalone (attention), profile (ncu, attention backward),
-#   sanitize_standalone, standalone_activations, standalone_embedding, standalone_softmax)
+#   sanitize_standalone, standalone_activations, standalone_embedding, standalone_softmax,
+#   standalone_decode)
 # PYTEST_ARGS selects test files (default: all), PYTEST_K a -k expression;
 # STAGE_TIMEOUT bounds each stage so
 # one slow stage cannot eat the whole device call.
@@ -71,6 +72,17 @@ for op in activations embedding softmax; do
     step "${op}_standalone_run" "/tmp/${op}_test.bin"
   fi
 done
+if stage standalone_decode; then
+  # Decode attention outside JAX against the float64 reference, its GB/s at
+  # the benchmark shapes beside the read-only ceiling, compute-sanitizer.
+  step decode_standalone_build nvcc -std=c++17 -O3 --expt-relaxed-constexpr -Icpp \
+    -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a \
+    cpp/kernels/decode/standalone_test.cu cpp/kernels/decode/launch_decode.cu -o /tmp/decode_test.bin
+  step decode_standalone_run /tmp/decode_test.bin bench
+  for tool in memcheck racecheck synccheck; do
+    step "decode_sanitize_$tool" compute-sanitizer --tool "$tool" --error-exitcode 1 /tmp/decode_test.bin
+  done
+fi
 if stage test; then
   # CI runs the CPU kernels' tests; here the CUDA ones (and the platform-free tests).
   # Autotuning the references' matmuls would dominate the suite's compile time.

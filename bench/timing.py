@@ -22,6 +22,13 @@ import jax.numpy as jnp
 import numpy as np
 
 
+# The span two chains should differ by: host jitter of tens of microseconds
+# then moves a step's time by under 1% (time_step's min_span). Shorter spans
+# gave attention cells above the matmul ceiling (a 3-step difference of a
+# 50-us step) and decode cells at 128% of the copy bandwidth.
+MIN_SPAN_S = 0.01
+
+
 def _chain(step, n, unroll):
   @jax.jit
   def run(carry, *consts):

@@ -16,13 +16,12 @@ import jax
 import jax.numpy as jnp
 
 import jaxcraft
-from timing import time_step
+from timing import MIN_SPAN_S, time_step
 
 DTYPE = jnp.bfloat16
 HEADS, HEAD_DIM = 16, 128
 DOCS, DOC_LEN = 8, 2048
 BIAS_SEQLEN = 4096
-MIN_SPAN_S = 0.01
 
 
 def _normal(shape, seed):

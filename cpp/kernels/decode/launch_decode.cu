@@ -107,10 +107,9 @@ cudaError_t run(const DecodeParams& p, void (*kernel)(DecodeArgs), size_t smem,
   if (grid > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidConfiguration;
   kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, smem, stream>>>(a);
   if ((err = cudaGetLastError()) != cudaSuccess || a.num_splits == 1) return err;
-  const int64_t rows = p.batch * p.seqlen_q * p.num_heads;
-  decode::decode_combine_kernel<T>
-      <<<static_cast<unsigned>(ceil_div(rows, decode::kCombineRowsPerCta)),
-         decode::kCombineThreads, 0, stream>>>(a);
+  const int64_t rows = p.batch * p.seqlen_q * p.num_heads;  // one combine CTA each
+  if (rows > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidConfiguration;
+  decode::decode_combine_kernel<T><<<static_cast<unsigned>(rows), decode::kCombineThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
