@@ -105,14 +105,40 @@ __device__ __forceinline__ float group_sum(float v, float* scratch) {
   return v;
 }
 
-// Adds kept values to a pair: their maximum first, then one exp each.
+// exp(d) for a rows-kernel output stored as T. 16-bit outputs keep 8-11
+// bits, so __expf (one multiply + MUFU.EX2, error ~2^-21 relative) is exact
+// enough, where expf is ~10 instructions: with it the bf16 forward was
+// instruction-bound (59% of copy at 4096 columns; f32, twice the bytes for
+// the same instructions, reached 101%). float32 outputs keep expf. (The
+// stream kernel keeps expf: with __expf its bf16 forward measured 15%
+// slower at 4k x 128k, bench/NOTES.md.)
+template <typename T>
+__device__ __forceinline__ float exp_for(float d) {
+  if constexpr (sizeof(T) == sizeof(float)) {
+    return expf(d);
+  } else {
+    return __expf(d);
+  }
+}
+
+// The maximum of the kept values, and the shift to subtract before exp: the
+// maximum, or 0 when nothing finite is kept (exp(-inf - 0) = 0, where
+// -inf - -inf would be NaN).
 template <int kN>
-__device__ __forceinline__ MaxSum add_values(MaxSum st, const float (&v)[kN], uint32_t keep) {
+__device__ __forceinline__ float kept_max(const float (&v)[kN], uint32_t keep) {
   float m = -CUDART_INF_F;
 #pragma unroll
   for (int j = 0; j < kN; ++j)
     if (keep >> j & 1u) m = fmaxf(m, v[j]);
-  const float shift = m == -CUDART_INF_F ? 0.f : m;
+  return m;
+}
+__device__ __forceinline__ float shift_of(float m) { return m == -CUDART_INF_F ? 0.f : m; }
+
+// Adds kept values to a pair: their maximum first, then one exp each.
+template <int kN>
+__device__ __forceinline__ MaxSum add_values(MaxSum st, const float (&v)[kN], uint32_t keep) {
+  const float m = kept_max(v, keep);
+  const float shift = shift_of(m);
   float s = 0.f;
 #pragma unroll
   for (int j = 0; j < kN; ++j)
@@ -166,29 +192,40 @@ __global__ void __launch_bounds__(block_threads<kGroup>())
   for (int64_t row = first_row<kGroup>(); row < p.rows; row += row_stride<kGroup>()) {
     const T* xr = x + row * p.cols;
     const uint8_t* mr = p.mask ? p.mask + row * p.mask_row_stride : nullptr;
-    Vec<T> v[kVecs];
+    // One exp per element: e = exp(x - this thread's max) stays in
+    // registers, and y = e * exp(thread max - row max) / row sum.
+    float e[kVecs][kN];
     uint32_t keep[kVecs];
-    MaxSum st = {-CUDART_INF_F, 0.f};
+    float m = -CUDART_INF_F;
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
       const int64_t vec = lane + int64_t(i) * kGroup;
       keep[i] = 0;
       if (vec < vectors) {
-        v[i] = load_vec(xr + vec * kN);
+        const Vec<T> v = load_vec(xr + vec * kN);
         keep[i] = mask_bits<kN>(mr, vec * kN);
+#pragma unroll
+        for (int j = 0; j < kN; ++j) e[i][j] = to_f32(v.v[j]);
+        m = fmaxf(m, kept_max(e[i], keep[i]));
       }
     }
+    const float shift = shift_of(m);
+    float s = 0.f;
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
-      if (lane + i * kGroup < vectors) {
-        float f[kN];
 #pragma unroll
-        for (int j = 0; j < kN; ++j) f[j] = to_f32(v[i].v[j]);
-        st = add_values(st, f, keep[i]);
+      for (int j = 0; j < kN; ++j) {
+        e[i][j] = keep[i] >> j & 1u ? exp_for<T>(e[i][j] - shift) : 0.f;
+        s += e[i][j];
       }
     }
-    st = group_max_sum<kGroup>(st, scratch);
-    const float inv = 1.f / st.s;
+    const MaxSum st = group_max_sum<kGroup>({m, s}, scratch);
+    // A thread whose kept values are all -inf (e = 0) gives them
+    // exp(-inf - row max) = 0, or NaN when the row max is -inf too (a kept
+    // all -inf row is NaN in jax). A row max of +inf or a NaN sum makes the
+    // factor NaN, as jax.
+    const float factor = m != -CUDART_INF_F ? exp_for<T>(m - st.m) / st.s
+                                            : (st.m == -CUDART_INF_F ? CUDART_NAN_F : 0.f);
     T* yr = y + row * p.cols;
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
@@ -196,8 +233,7 @@ __global__ void __launch_bounds__(block_threads<kGroup>())
       if (vec < vectors) {
         Vec<T> out;
 #pragma unroll
-        for (int j = 0; j < kN; ++j)
-          out.v[j] = from_f32<T>(output(to_f32(v[i].v[j]), keep[i] >> j & 1u, st, inv));
+        for (int j = 0; j < kN; ++j) out.v[j] = from_f32<T>(keep[i] >> j & 1u ? e[i][j] * factor : 0.f);
         store_vec(yr + vec * kN, out);
       }
     }
