@@ -38,11 +38,12 @@ NO_MASK, SHARED_MASK, FULL_MASK = "none", "shared", "full"
 # barrier). Forward and backward choose independently: the backward kernel
 # needs only y and dy, whichever ran the forward.
 #   cuda: the kernel for rows of up to 4096 columns, XLA beyond. Measured on
-#         the H100 (`python bench/run.py --ops softmax`, kernel / jax.nn, us):
-#         [16k, 4k] bf16 fwd 157 / 179, fwd+bwd 279 / 384; f32 fwd 184 / 372,
-#         fwd+bwd 403 / 383. Longer rows take the kernels' two-pass stream path,
-#         which XLA beats: [16k, 32k] bf16 fwd+bwd 4677 / 2010, [4k, 128k]
-#         4965 / 1952 (f32 4668 / 3527, 4822 / 3548).
+#         the H100 (`python bench/run.py --ops softmax`, kernel / jax.nn, us;
+#         bench/RESULTS.md): [16k, 4k] bf16 fwd 121 / 212, fwd+bwd 247 / 378;
+#         f32 fwd 202 / 440, fwd+bwd 396 / 371. Past 4096 columns XLA wins or
+#         ties: [16k, 32k] bf16 fwd 1481 / 1516 but fwd+bwd 4153 / 1967 (the
+#         backward streams the row twice), [4k, 128k] bf16 fwd 2034 / 1485
+#         (f32 fwd+bwd 4610 / 3529, 4830 / 3508).
 #   cpu:  XLA. Measured on a 2-core AVX2 machine shared with other jobs
 #         (kernel / XLA, ms): [1024, 4096] fwd 6.2 / 2.7 (f32), 7.5 / 4.1
 #         (bf16); fwd+bwd 7.7 / 3.6 (f32), 10.8 / 8.5 (bf16); [64, 50257]
