@@ -13,13 +13,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "common/host_float.h"
 #include "common/standalone_check.h"
+#include "common/standalone_timing.h"
 #include "kernels/decode/launch.h"
 
 using namespace jaxcraft;
@@ -270,22 +270,6 @@ __global__ void read_all(const uint4* a, const uint4* b, size_t n, uint32_t* sin
   if (acc == 0x9e3779b9u) *sink = acc;
 }
 
-float time_ms(int iters, const std::function<void()>& launch) {
-  cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
-  launch();  // warm up
-  CHECK(cudaEventRecord(start));
-  for (int i = 0; i < iters; ++i) launch();
-  CHECK(cudaEventRecord(stop));
-  CHECK(cudaEventSynchronize(stop));
-  float ms = 0;
-  CHECK(cudaEventElapsedTime(&ms, start, stop));
-  CHECK(cudaEventDestroy(start));
-  CHECK(cudaEventDestroy(stop));
-  return ms / iters;
-}
-
 // GB/s of K + V read (2 B S K D bytes) at 32/8 heads, D128, bf16, Tq = 1;
 // at 8 x 32k also the read-only ceiling over the same bytes.
 void bench() {
@@ -316,8 +300,15 @@ void bench() {
       for (int per_sm : {4, 8, 16}) {
         const auto* k4 = static_cast<const uint4*>(k);
         const auto* v4 = static_cast<const uint4*>(v);
-        best = std::min({best, time_ms(kIters, [&] { read_all<4><<<sms * per_sm, 256>>>(k4, v4, kv_elems / 8, sink); }),
-                         time_ms(kIters, [&] { read_all<8><<<sms * per_sm, 256>>>(k4, v4, kv_elems / 8, sink); })});
+        const float ms4 = jaxcraft_test::mean_launch_ms([&] {
+          read_all<4><<<sms * per_sm, 256>>>(k4, v4, kv_elems / 8, sink);
+          return cudaGetLastError();
+        }, kIters);
+        const float ms8 = jaxcraft_test::mean_launch_ms([&] {
+          read_all<8><<<sms * per_sm, 256>>>(k4, v4, kv_elems / 8, sink);
+          return cudaGetLastError();
+        }, kIters);
+        best = std::min({best, ms4, ms8});
       }
       std::printf("read-only ceiling (same bytes)   %8.1f us %7.0f GB/s\n", best * 1e3,
                   kv_bytes / (best / 1e3) / 1e9);
@@ -354,7 +345,7 @@ void bench() {
       p.partial_o = po;
       p.partial_lse = pl;
       p.max_splits = kMaxSplits;
-      const double sec = time_ms(kIters, [&] { CHECK(launch_decode_attention(p, 0)); }) / 1e3;
+      const double sec = jaxcraft_test::mean_launch_ms([&] { return launch_decode_attention(p, 0); }, kIters) / 1e3;
       std::printf("%4d x %6d %-10s %8.1f us %7.0f GB/s\n", s.B, s.S, paged ? "paged64" : "contiguous",
                   sec * 1e6, kv_bytes / sec / 1e9);
     }
