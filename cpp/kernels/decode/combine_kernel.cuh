@@ -19,7 +19,7 @@ constexpr int kCombineWarps = 4;
 constexpr int kCombineThreads = kCombineWarps * kWarpSize;
 constexpr int kMaxHeadDim = 256;
 constexpr int kCombineVecs = kMaxHeadDim / (4 * kWarpSize);  // float4s per lane
-constexpr int kSplitsInFlight = 4;                           // per warp: 80 registers, no spills
+constexpr int kSplitsInFlight = 4;                           // per warp (48 registers, no spills)
 static_assert(kCombineThreads * 4 >= kMaxHeadDim, "one output float4 per thread");
 
 template <typename T>
