@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 import jaxcraft
 from specs import ATTENTION_SPECS, AttentionSpec
-from timing import MIN_SPAN_S, time_step
+from timing import time_step
 
 DTYPE = jnp.bfloat16
 # XLA's attention materializes B x N x S x S logits: skip it past this length.
@@ -69,8 +69,7 @@ def run(bandwidth: float, specs=None):
       for mode, make, flops in (("fwd", _fwd, spec.fwd_flops()),
                                 ("fwd+bwd", _fwd_bwd, spec.fwd_bwd_flops())):
         try:
-          sec = time_step(make(fn), q, k, v, custom_call=name != "xla", short=1, long=4, reps=3,
-                          min_span=MIN_SPAN_S)
+          sec = time_step(make(fn), q, k, v, custom_call=name != "xla", short=1, long=4, reps=3)
         except Exception as e:  # noqa: BLE001 - a peer that fails is reported, not fatal
           print(f"  {spec.name} {name} {mode}: failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
           continue

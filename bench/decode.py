@@ -17,7 +17,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
-from timing import MIN_SPAN_S, time_step
+from timing import time_step
 
 import jaxcraft
 
@@ -97,8 +97,7 @@ def run(bandwidth: float, specs=None):
         continue
       consts = dense if which == "dense" else paged
       try:
-        sec = time_step(fn, q, *consts, custom_call=custom_call, short=2, long=8, reps=5,
-                        min_span=MIN_SPAN_S)
+        sec = time_step(fn, q, *consts, custom_call=custom_call, short=2, long=8, reps=5)
       except Exception as e:  # noqa: BLE001 - an unsupported peer is reported, not fatal
         print(f"  {spec.name:10s} {name:15s} unsupported: {type(e).__name__}: {str(e)[:120]}",
               flush=True)

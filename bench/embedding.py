@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import jaxcraft
 from jaxcraft.ops import embedding as emb
 from specs import EMBEDDING_SMOKE_SPECS, EMBEDDING_SPECS
-from timing import MIN_SPAN_S, time_step
+from timing import time_step
 
 DTYPE = jnp.bfloat16
 
@@ -73,8 +73,7 @@ def run(bandwidth: float, specs=None):
         if mode == "fwd" and name == "jaxcraft-det":
           continue  # the same forward as jaxcraft
         try:
-          sec = time_step(make(fn), carry, *consts, custom_call=name != "xla",
-                          min_span=MIN_SPAN_S)
+          sec = time_step(make(fn), carry, *consts, custom_call=name != "xla")
         except Exception as e:  # noqa: BLE001 - a peer that fails is reported, not fatal
           print(f"  {spec.name} {name} {mode}: failed: {type(e).__name__}: {str(e)[:120]}",
                 flush=True)

@@ -22,10 +22,12 @@ import jax.numpy as jnp
 import numpy as np
 
 
-# The span two chains should differ by: host jitter of tens of microseconds
-# then moves a step's time by under 1% (time_step's min_span). Shorter spans
-# gave attention cells above the matmul ceiling (a 3-step difference of a
-# 50-us step) and decode cells at 128% of the copy bandwidth.
+# The span two chains should differ by (time_step's default min_span): host
+# jitter of tens of microseconds then moves a step's time by under 1%.
+# Shorter spans gave attention cells above the matmul ceiling (a 3-step
+# difference of a 50-us step), decode cells at 128% of the copy bandwidth and
+# +-20 points on the 11-us norm rows. Steps under ~150 us reach max_long
+# first (a 64-step unrolled chain) and keep a shorter span.
 MIN_SPAN_S = 0.01
 
 
@@ -51,7 +53,7 @@ def _wall(fn, carry, consts, reps):
 
 
 def time_step(step, carry, *consts, custom_call=True, short=2, long=12, reps=5,
-              min_span=0.0, max_long=64) -> float:
+              min_span=MIN_SPAN_S, max_long=64) -> float:
   """Seconds per application of `step(carry, *consts) -> carry`.
 
   `consts` are passed as arguments (never closed over: XLA would fold them).

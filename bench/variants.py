@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxcraft
-from timing import MIN_SPAN_S, time_step
+from timing import time_step
 
 DTYPE = jnp.bfloat16
 HEADS, HEAD_DIM = 16, 128
@@ -46,7 +46,7 @@ def _fwd_bwd(fn):
 
 def _time(rows, case, name, mode, step, args, flops):
   try:
-    sec = time_step(step, *args, short=1, long=4, reps=3, min_span=MIN_SPAN_S)
+    sec = time_step(step, *args, short=1, long=4, reps=3)
   except Exception as e:  # noqa: BLE001 - a peer that fails is reported, not fatal
     print(f"  {case} {name} {mode}: failed: {type(e).__name__}: {str(e)[:160]}", flush=True)
     return
