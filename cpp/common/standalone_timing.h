@@ -1,8 +1,11 @@
 // Timing for the standalone kernel test programs (not the library): the
-// mean time of repeated launches, and the device-to-device copy bandwidth
-// the GB/s figures are compared with.
+// mean time of repeated launches, the device-to-device copy bandwidth the
+// GB/s figures are compared with, and random data to time on.
 #pragma once
 #include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
 
 #include "common/standalone_check.h"
 
@@ -25,6 +28,20 @@ float mean_launch_ms(Launch&& launch, int reps) {
   CHECK(cudaEventDestroy(t0));
   CHECK(cudaEventDestroy(t1));
   return ms / reps;
+}
+
+// Timing data: a hash of the index, uniform in [-4, 4), filled on the device
+// (gigabyte buffers; values do not change the work, but timing on zeros can
+// flatter a kernel).
+template <typename T>
+__global__ void fill_random(T* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    p[i] = T(float(h >> 8) * (8.f / 16777216.f) - 4.f);
+  }
 }
 
 // GB/s of a 1 GiB device-to-device copy, counting bytes read and written.

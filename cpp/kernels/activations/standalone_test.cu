@@ -246,19 +246,6 @@ bool run_case(const Case& c, uint64_t seed) {
   return ok;
 }
 
-// Timing data: a hash of the index, uniform in [-4, 4) (values do not
-// change the work, but keep it away from trivial inputs).
-template <typename T>
-__global__ void fill(T* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    p[i] = T(float(h >> 8) * (8.f / 16777216.f) - 4.f);
-  }
-}
-
 // The benchmark shapes, bf16. Bytes = what must cross HBM once:
 //   forward:  x read + y written (+ bias);
 //   backward: x and dy read, dx written (+ bias, + partial sums written).
@@ -268,9 +255,9 @@ void time_case(Activation act, bool gated, bool has_bias, int64_t R, int64_t C, 
   const int64_t partials = std::clamp<int64_t>((R + kRowsPerPartial - 1) / kRowsPerPartial, 1, kMaxPartials);
   Buf d_x(n_in * es), d_y(n_out * es), d_dy(n_out * es), d_dx(n_in * es);
   Buf d_bias(has_bias ? C * 4 : 0), d_part(has_bias ? size_t(partials) * C * 4 : 0);
-  fill<<<1024, 256>>>(static_cast<__nv_bfloat16*>(d_x.p), n_in, 1u);
-  fill<<<1024, 256>>>(static_cast<__nv_bfloat16*>(d_dy.p), n_out, 2u);
-  if (has_bias) fill<<<64, 256>>>(static_cast<float*>(d_bias.p), size_t(C), 3u);
+  jaxcraft_test::fill_random<<<1024, 256>>>(static_cast<__nv_bfloat16*>(d_x.p), n_in, 1u);
+  jaxcraft_test::fill_random<<<1024, 256>>>(static_cast<__nv_bfloat16*>(d_dy.p), n_out, 2u);
+  if (has_bias) jaxcraft_test::fill_random<<<64, 256>>>(static_cast<float*>(d_bias.p), size_t(C), 3u);
   CHECK(cudaGetLastError());
   ActivationFwdParams fp;
   fp.dtype = DType::kBF16;

@@ -7,6 +7,7 @@
 //     cpp/kernels/decode/standalone_test.cu cpp/kernels/decode/launch_decode.cu -o /tmp/decode_test
 //   /tmp/decode_test          # correctness
 //   /tmp/decode_test bench    # + GB/s of K + V at 32/8 heads, D128, bf16, Tq 1
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -235,19 +236,6 @@ bool run_case(const Case& c, std::mt19937& rng) {
   return bad == 0;
 }
 
-// Random bf16 values in [-2, 2) from a hash of the index (timing on zeros
-// can flatter a kernel).
-__global__ void fill_random_bf16(uint16_t* x, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    x[i] = static_cast<uint16_t>((h & 0x8000u) | (0x3f00u + ((h >> 4) & 0xffu)));
-  }
-}
-
 // The read-only ceiling: every 16-byte vector of a and b read once, kUnroll
 // pairs in flight per thread; the xor keeps the loads alive.
 template <int kUnroll>
@@ -287,9 +275,9 @@ void bench() {
     CHECK(cudaMalloc(&o, size_t(s.B) * N * H * 2));
     CHECK(cudaMalloc(&k, kv_elems * 2));
     CHECK(cudaMalloc(&v, kv_elems * 2));
-    fill_random_bf16<<<1024, 256>>>(static_cast<uint16_t*>(q), size_t(s.B) * N * H, 1u);
-    fill_random_bf16<<<1024, 256>>>(static_cast<uint16_t*>(k), kv_elems, 2u);
-    fill_random_bf16<<<1024, 256>>>(static_cast<uint16_t*>(v), kv_elems, 3u);
+    jaxcraft_test::fill_random<<<1024, 256>>>(static_cast<__nv_bfloat16*>(q), size_t(s.B) * N * H, 1u);
+    jaxcraft_test::fill_random<<<1024, 256>>>(static_cast<__nv_bfloat16*>(k), kv_elems, 2u);
+    jaxcraft_test::fill_random<<<1024, 256>>>(static_cast<__nv_bfloat16*>(v), kv_elems, 3u);
     CHECK(cudaGetLastError());
     if (s.B == 8) {
       uint32_t* sink;
@@ -297,19 +285,14 @@ void bench() {
       int sms = 0;
       CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
       float best = 1e30f;
-      for (int per_sm : {4, 8, 16}) {
-        const auto* k4 = static_cast<const uint4*>(k);
-        const auto* v4 = static_cast<const uint4*>(v);
-        const float ms4 = jaxcraft_test::mean_launch_ms([&] {
-          read_all<4><<<sms * per_sm, 256>>>(k4, v4, kv_elems / 8, sink);
-          return cudaGetLastError();
-        }, kIters);
-        const float ms8 = jaxcraft_test::mean_launch_ms([&] {
-          read_all<8><<<sms * per_sm, 256>>>(k4, v4, kv_elems / 8, sink);
-          return cudaGetLastError();
-        }, kIters);
-        best = std::min({best, ms4, ms8});
-      }
+      const auto* k4 = static_cast<const uint4*>(k);
+      const auto* v4 = static_cast<const uint4*>(v);
+      for (auto* read : {&read_all<4>, &read_all<8>})
+        for (int per_sm : {4, 8, 16})
+          best = std::min(best, jaxcraft_test::mean_launch_ms([&] {
+            read<<<sms * per_sm, 256>>>(k4, v4, kv_elems / 8, sink);
+            return cudaGetLastError();
+          }, kIters));
       std::printf("read-only ceiling (same bytes)   %8.1f us %7.0f GB/s\n", best * 1e3,
                   kv_bytes / (best / 1e3) / 1e9);
       CHECK(cudaFree(sink));
