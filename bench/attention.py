@@ -35,6 +35,9 @@ def _impls(spec):
   if spec.seqlen <= XLA_MAX_SEQLEN:
     impls["xla"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=spec.causal,
                                                                 implementation="xla")
+  # JAXCRAFT_BENCH_IMPLS=jaxcraft,cudnn: re-measure some implementations only.
+  if wanted := os.environ.get("JAXCRAFT_BENCH_IMPLS"):
+    impls = {name: fn for name, fn in impls.items() if name in wanted.split(",")}
   return impls
 
 

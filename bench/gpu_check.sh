@@ -6,6 +6,7 @@
 #   sanitize_standalone, standalone_activations, standalone_embedding, standalone_softmax,
 #   standalone_decode)
 # PYTEST_ARGS selects test files (default: all), PYTEST_K a -k expression;
+# STANDALONE_PORTABLE=0 skips the portable kernels' timings in `standalone`;
 # STAGE_TIMEOUT bounds each stage so
 # one slow stage cannot eat the whole device call.
 set -uo pipefail
@@ -48,7 +49,8 @@ if stage standalone; then
   # their timings; a second run times the portable kernels on the same GPU.
   build_attn_standalone
   step standalone_run /tmp/attn_test.bin ${STANDALONE_ARGS:-}
-  JAXCRAFT_ATTENTION_KERNEL=portable step standalone_portable /tmp/attn_test.bin bench
+  [[ ${STANDALONE_PORTABLE:-1} == 1 ]] &&
+    JAXCRAFT_ATTENTION_KERNEL=portable step standalone_portable /tmp/attn_test.bin bench
 fi
 if stage profile; then
   # Nsight Compute on the Hopper backward (D64 causal and full, D128 full):

@@ -10,7 +10,8 @@
 // it the launcher picks the Hopper kernels where they apply: head dims 64,
 // 128, 256 and no dropout, except the deterministic dQ), `featbench` times
 // the features against the plain kernels, `shapes` the H128 dK/dV feature
-// tile shapes, `variants` adds the tile-shape comparisons to the timings.
+// tile shapes, `variants` adds the tile-shape comparisons to the timings,
+// `only=TEXT` keeps the correctness cases whose name contains TEXT.
 // Every case prints PASS or FAIL; the last correctness line sums them up and
 // lists the failed cases.
 #include <cuda_bf16.h>
@@ -1118,9 +1119,13 @@ int main(int argc, char** argv) {
     std::vector<Case> all;
     // `small`: sequences up to 300 only (compute-sanitizer runs).
     const bool small = has_arg(argc, argv, "small");
+    std::string only;
+    for (int i = 1; i < argc; ++i)
+      if (std::string(argv[i]).rfind("only=", 0) == 0) only = argv[i] + 5;
     for (const auto& list : {features_only ? std::vector<Case>{} : cases(), feature_cases()})
       for (const Case& c : list)
-        if (!small || std::max(c.T, c.S) <= 300) all.push_back(c);
+        if ((!small || std::max(c.T, c.S) <= 300) && c.name.find(only) != std::string::npos)
+          all.push_back(c);
     std::vector<std::string> failed;
     for (const Case& c : all) {
       ++total;

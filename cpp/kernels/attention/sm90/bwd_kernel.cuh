@@ -38,13 +38,20 @@ namespace sm90 {
 // split dQ's 64-column blocks over all 128 keys after a barrier (head dim
 // 64, one block: they take turns by step).
 // kSplitD (head dim 256, where 64 keys x 256 columns of dK plus dV would be
-// 256 registers per thread): both warpgroups take the same 64 keys, each
-// recomputes S^T and dP^T and owns half the columns of dK, dV and dQ.
+// 256 registers per thread): both warpgroups take the same 64 keys and own
+// half the columns of dK, dV and dQ each. Each computes S^T and dP^T for
+// half the step's queries (N = 32), and P^T and dS^T meet in shared memory
+// for the dV and dK products (SS wgmma) after a barrier. (Both computing
+// all of S^T and dP^T, with P^T and dS^T from registers, spent 7 GEMM
+// units of tensor work where 5 suffice.)
 // kDqTma (dQ split by columns): each warpgroup writes its 64 x 64 dQ block
 // to its own float32 tile in shared memory and one thread adds it into
 // dq_accum with TMA bulk reductions, in place of 16-32 red.add per thread
 // (their issue and address arithmetic took a quarter of the H128 kernel's
-// warp samples under ncu).
+// warp samples under ncu). With kSplitD there is no room for dQ tiles of
+// their own: once both warpgroups are done with the step's Q and dO tiles
+// (32 KB each), each stages its 64 x 128 dQ in one of them, and the stage
+// is released when the reductions have read it.
 template <int kHeadDim_, int kStages_, bool kDqByKeys_, bool kSplitD_ = false, bool kDqTma_ = false>
 struct BwdConfig {
   static constexpr bool kDqByKeys = kDqByKeys_ || kSplitD_;
@@ -55,25 +62,32 @@ struct BwdConfig {
   static constexpr int kBlockN = kSplitD ? kWgmmaM : kConsumers * kWgmmaM;  // keys per CTA
   static constexpr int kAccCols = kSplitD ? kHeadDim / kConsumers : kHeadDim;  // of dK, dV
   static constexpr int kBlockM = 64;                     // queries per step
+  static constexpr int kSN = kSplitD ? kBlockM / kConsumers : kBlockM;  // of S^T per warpgroup
   static constexpr int kStages = kStages_;
   static constexpr int kThreads = (kConsumers + 1) * kWarpgroupThreads;
   static constexpr int kColBlocks = kHeadDim / kSwizzleCols;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // K or V
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;   // Q or dO
   static constexpr int kVecBytes = kBlockM * 4;            // lse, delta or query segment ids
-  // The ids and their range (feature instances) live in the alignment padding.
-  static constexpr int kStageBytes =
-      (2 * kQBytes + 2 * kVecBytes + kSwizzleAtomBytes - 1) / kSwizzleAtomBytes * kSwizzleAtomBytes;
-  static_assert(kStageBytes >= 2 * kQBytes + 3 * kVecBytes + 8, "room for the segment ids");
-  // dS^T [keys][queries]: double-buffered, or one buffer per warpgroup.
+  static constexpr int kStageBytes = 2 * kQBytes;          // Q and dO
+  // Per stage, apart from the swizzled tiles (whose alignment would pad
+  // them): lse, delta, and for the feature instances the query segment ids
+  // and their range.
+  static constexpr int kVecStageBytes = 3 * kVecBytes + 16;
+  // dS^T [keys][queries], double-buffered by step; kSplitD: P^T too.
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
+  static constexpr int kDsBuffers = kSplitD ? 4 : 2;
   // kDqTma: per warpgroup, dQ rows x 64 columns in float32, as 32-column
   // (128-byte) swizzled boxes.
   static constexpr int kDqBoxCols = kSwizzleRowBytes / 4;
-  static constexpr int kDqBytes = kDqTma ? kBlockM * kSwizzleCols * 4 : 0;
+  static constexpr int kDqBlockBytes = kBlockM * kSwizzleCols * 4;  // one 64-column block
+  static constexpr bool kDqInStage = kDqTma && kSplitD;
+  static_assert(!kDqInStage || kQBytes == kAccCols / kSwizzleCols * kDqBlockBytes,
+                "a warpgroup's dQ columns fill a Q or dO tile");
+  static constexpr int kDqBytes = kDqTma && !kSplitD ? kDqBlockBytes : 0;
   static constexpr int kSmemBytes = kSwizzleAtomBytes + 2 * kKVBytes + kStages * kStageBytes +
-                                    2 * kDsBytes + kConsumers * kDqBytes +
-                                    ring_barrier_bytes(kStages);
+                                    kDsBuffers * kDsBytes + kConsumers * kDqBytes +
+                                    kStages * kVecStageBytes + ring_barrier_bytes(kStages);
   // The split-D consumers hold the most (S^T and dP^T plus half of dK, dV).
   static constexpr int kProducerRegs = kSplitD ? 24 : 40;
   static constexpr int kConsumerRegs = kSplitD ? 240 : 232;
@@ -86,7 +100,8 @@ struct BwdConfig {
   static constexpr int kFullArrivals = kWarpSize + 1;
   static_assert(kDqByKeys || kColBlocks == kConsumers || kColBlocks == 1,
                 "dQ split by columns: one block each, or one block taken in turns");
-  static_assert(!kDqTma || !kDqByKeys, "TMA dQ: one 64-column block per warpgroup and step");
+  static_assert(!kDqTma || !kDqByKeys || kSplitD,
+                "TMA dQ: one 64-column block per warpgroup and step, or kSplitD's halves");
   static_assert(kAccCols % kSwizzleCols == 0, "dK/dV halves are whole column blocks");
   static_assert(kSmemBytes <= 227 * 1024, "fits the sm_90 shared-memory opt-in");
   // kBias instances: per ring stage, the bias tile (kBlockM queries x
@@ -109,7 +124,7 @@ struct BwdTiles<64> { using type = BwdConfig<64, 3, false, false, true>; };
 template <>
 struct BwdTiles<128> { using type = BwdConfig<128, 2, false, false, true>; };
 template <>
-struct BwdTiles<256> { using type = BwdConfig<256, 2, true, true>; };
+struct BwdTiles<256> { using type = BwdConfig<256, 2, true, true, true>; };
 // kBias instances: the bias tiles take the room of the TMA dQ tiles (head
 // dim 64 and 128) and of a stage (128); head dim 256 has no room for them
 // (its bias is read per element, kScores).
@@ -156,16 +171,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const uint32_t v_sa = k_sa + Cfg::kKVBytes;
   const uint32_t stage_sa = v_sa + Cfg::kKVBytes;
   const uint32_t ds_sa = stage_sa + kStages * Cfg::kStageBytes;
+  // kSplitD: step i's P^T at p_sa + (i % 2) kDsBytes.
+  [[maybe_unused]] const uint32_t p_sa = ds_sa + 2 * Cfg::kDsBytes;
   // kDqTma: warpgroup c's dQ tile at dq_sa + c kDqBytes.
-  const uint32_t dq_sa = ds_sa + 2 * Cfg::kDsBytes;
-  // kBias: stage s's bias tile, between the dS^T buffers and the barriers.
+  const uint32_t dq_sa = ds_sa + Cfg::kDsBuffers * Cfg::kDsBytes;
+  // kBias: stage s's bias tile, between the dS^T buffers and the vectors.
   [[maybe_unused]] const int bias_tile_bytes = kBM * kBN * (a.scores.bias_f32 ? 4 : 2);
   [[maybe_unused]] auto bias_tile = [&](int s) { return dq_sa + s * bias_tile_bytes; };
-  const RingBarriers<kStages> ring{dq_sa + Cfg::kConsumers * Cfg::kDqBytes +
-                                   (kFeat == kBias ? kStages * bias_tile_bytes : 0)};
+  const uint32_t vec_sa = dq_sa + Cfg::kConsumers * Cfg::kDqBytes +
+                          (kFeat == kBias ? kStages * bias_tile_bytes : 0);
+  const RingBarriers<kStages> ring{vec_sa + kStages * Cfg::kVecStageBytes};
   auto q_tile = [&](int s) { return stage_sa + s * Cfg::kStageBytes; };
   auto do_tile = [&](int s) { return q_tile(s) + Cfg::kQBytes; };
-  auto lse_vec = [&](int s) { return do_tile(s) + Cfg::kQBytes; };
+  auto lse_vec = [&](int s) { return vec_sa + s * Cfg::kVecStageBytes; };
   auto delta_vec = [&](int s) { return lse_vec(s) + Cfg::kVecBytes; };
   [[maybe_unused]] auto qid_vec = [&](int s) { return delta_vec(s) + Cfg::kVecBytes; };
 
@@ -278,6 +296,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   constexpr int kAcc = Cfg::kAccCols;
   const int acc_cb0 = Cfg::kSplitD ? c * (kAcc / kSwizzleCols) : 0;  // first column block of dK/dV
   const int thread_key0 = wg_key0 + w * 16 + g;  // tile rows of this thread: + 0 and + 8
+  // S^T columns: queries [wg_q0, wg_q0 + kSN) of the step's tile; fragment
+  // column j holds queries q_frag0 + 8 j (+ 1).
+  constexpr int kSN = Cfg::kSN;
+  const int wg_q0 = Cfg::kSplitD ? c * kSN : 0;
+  const int q_frag0 = wg_q0 + 2 * t;
   const float scale_log2 = a.scale * kLog2e;
 
   float dk[kAcc / 8][4], dv[kAcc / 8][4];
@@ -303,7 +326,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
   // Feature instances: visibility of the step's fragment elements under
   // segment ids and the boolean mask, as bits 4 j + 2 h2 + e for element
-  // st[j][2 h2 + e] (key n0 + thread_key0 + 8 h2, query m0 + 8 j + 2 t + e).
+  // st[j][2 h2 + e] (key n0 + thread_key0 + 8 h2, query m0 + q_frag0 + 8 j + e).
   // The bit loops stay rolled: unrolled, the compiler would hoist all their
   // loads and crowd the registers.
   [[maybe_unused]] auto visibility = [&](int s, int m0, int h) -> uint32_t {
@@ -318,11 +341,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         vis = 0u;
         if (cover == kSegMixed) {
 #pragma unroll 1
-          for (int j = 0; j < kBM / 8; ++j) {
+          for (int j = 0; j < kSN / 8; ++j) {
             int2 id;
             asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n"
                          : "=r"(id.x), "=r"(id.y)
-                         : "r"(qid_vec(s) + 4 * (8 * j + 2 * t)));
+                         : "r"(qid_vec(s) + 4 * (q_frag0 + 8 * j)));
 #pragma unroll
             for (int h2 = 0; h2 < 2; ++h2)
               vis |= (uint32_t(id.x == kid[h2]) | uint32_t(id.y == kid[h2]) << 1) << (4 * j + 2 * h2);
@@ -334,11 +357,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const uint8_t* mh = a.mask.mask + b * a.mask.mask_stride_b + h * a.mask.mask_stride_n;
       uint32_t bits = 0u;
 #pragma unroll 1
-      for (int j = 0; j < kBM / 8; ++j)
+      for (int j = 0; j < kSN / 8; ++j)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const long long row =
-              static_cast<long long>(min(m0 + 8 * j + 2 * t + e, sh.seqlen_q - 1)) * sh.seqlen_k;
+              static_cast<long long>(min(m0 + q_frag0 + 8 * j + e, sh.seqlen_q - 1)) * sh.seqlen_k;
 #pragma unroll
           for (int h2 = 0; h2 < 2; ++h2) {
             const int key = min(n0 + thread_key0 + 8 * h2, sh.seqlen_k - 1);
@@ -383,10 +406,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // dS of element (query q, key) into dbias (score features only): with
   // dbias_tma into the stage's bias tile at `at` (in place of the bias
   // element; the tile leaves by TMA store), else a global store, or an
-  // atomic add where several (b, n) share the element. With kSplitD both
-  // warpgroups compute the same dS and the first one writes it.
+  // atomic add where several (b, n) share the element.
   [[maybe_unused]] auto put_dbias = [&](uint32_t at, long long bias_h, int q, int key, float ds) {
-    if (a.dbias == nullptr || (Cfg::kSplitD && c != 0)) return;
+    if (a.dbias == nullptr) return;
     if (kFeat == kBias && p.dbias_tma) {
       if (a.scores.bias_f32)
         asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(at), "f"(ds) : "memory");
@@ -410,7 +432,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // dS^T (times the soft-cap gradient) into dpt in one pass, once both
   // products are in; dS itself goes to dbias.
   [[maybe_unused]] auto score_step = [&](int s, int m0, int h, bool partial,
-                                         float (&st)[kBM / 8][4], float (&dpt)[kBM / 8][4]) {
+                                         float (&st)[kSN / 8][4], float (&dpt)[kSN / 8][4]) {
     const uint32_t vis = visibility(s, m0, h);
     const float cap = a.scores.softcap, inv_cap = cap > 0.f ? 1.f / cap : 0.f;
     const void* bias = a.scores.bias;
@@ -431,11 +453,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     [[maybe_unused]] const uint32_t drop_kb4 = (n0 + thread_key0 - (g & 3)) / 4;
 #pragma unroll
-    for (int j = 0; j < kBM / 8; ++j) {
+    for (int j = 0; j < kSN / 8; ++j) {
       [[maybe_unused]] uint32_t keep_word[4];
       if constexpr (kFeat == kDropout) {
         const int i = g & 3;
-        const Philox4 w = dropout_block(drop_key, drop_b, drop_n, m0 + 8 * j + 2 * t + (i & 1),
+        const Philox4 w = dropout_block(drop_key, drop_b, drop_n, m0 + q_frag0 + 8 * j + (i & 1),
                                         drop_kb4 + 2 * (i >> 1));
 #pragma unroll
         for (int k = 0; k < 4; ++k) keep_word[k] = w.x[k];
@@ -444,15 +466,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       float2 l2, d2;
       asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
                    : "=f"(l2.x), "=f"(l2.y)
-                   : "r"(lse_vec(s) + 4 * (8 * j + 2 * t)));
+                   : "r"(lse_vec(s) + 4 * (q_frag0 + 8 * j)));
       asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
                    : "=f"(d2.x), "=f"(d2.y)
-                   : "r"(delta_vec(s) + 4 * (8 * j + 2 * t)));
+                   : "r"(delta_vec(s) + 4 * (q_frag0 + 8 * j)));
 #pragma unroll
       for (int h2 = 0; h2 < 2; ++h2)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int q = m0 + 8 * j + 2 * t + e, key = key_base + 8 * h2;
+          const int q = m0 + q_frag0 + 8 * j + e, key = key_base + 8 * h2;
           const float xc = capped_logit(st[j][2 * h2 + e], a.scale, cap, inv_cap);
           float x = xc;
           if (bias != nullptr) {
@@ -492,8 +514,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       tma_store_4d(&p.dbias_map, tile + (zeros ? 0 : cb * kBM * kSwizzleRowBytes),
                    n0 + cb * block_keys, mt * kBM, bn, bb);
   };
-  [[maybe_unused]] const bool dbias_storer =
-      kFeat == kBias && p.dbias_tma && ct == 0 && (!Cfg::kSplitD || c == 0);
+  static_assert(kFeat != kBias || !Cfg::kSplitD, "head dim 256 reads its bias per element");
+  [[maybe_unused]] const bool dbias_storer = kFeat == kBias && p.dbias_tma && ct == 0;
+
+  // kSplitD: this warpgroup's columns of P^T or dS^T (fragment x, 16-bit)
+  // into `buf`, laid out [kBN keys][kBM queries] like the dS^T buffers:
+  // element (j, 2 h2 + e) is key row thread_key0 + 8 h2, query q_frag0 + 8 j + e.
+  [[maybe_unused]] auto store_keys_by_queries = [&](uint32_t buf, const float (&x)[kSN / 8][4]) {
+#pragma unroll
+    for (int j = 0; j < kSN / 8; ++j)
+#pragma unroll
+      for (int h2 = 0; h2 < 2; ++h2)
+        st_shared_b32(buf + swizzled_offset(thread_key0 + 8 * h2, wg_q0 / 8 + j) + 4 * t,
+                      pack2<kDt>(x[j][2 * h2], x[j][2 * h2 + 1]));
+  };
 
   mbar_wait(ring.once(), 0);
   int it = 0;
@@ -503,22 +537,30 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const int m0 = mt * kBM;
       ring.wait_full(it);
 
-      float st[kBM / 8][4], dpt[kBM / 8][4];
+      float st[kSN / 8][4], dpt[kSN / 8][4];
       wgmma_fence();
 #pragma unroll
       for (int k = 0; k < kD / kWgmmaK; ++k) {
         const int off = (k / 4) * col_block_bytes<kBN>() + wg_key0 * kSwizzleRowBytes + (k % 4) * 32;
-        const int qoff = (k / 4) * col_block_bytes<kBM>() + (k % 4) * 32;
-        wgmma_ss<kDt, kBM>(st, smem_desc(k_sa + off, 0), smem_desc(q_tile(s) + qoff, 0), k > 0);
+        const int qoff = (k / 4) * col_block_bytes<kBM>() + wg_q0 * kSwizzleRowBytes + (k % 4) * 32;
+        wgmma_ss<kDt, kSN>(st, smem_desc(k_sa + off, 0), smem_desc(q_tile(s) + qoff, 0), k > 0);
       }
       wgmma_commit();
 #pragma unroll
       for (int k = 0; k < kD / kWgmmaK; ++k) {
         const int off = (k / 4) * col_block_bytes<kBN>() + wg_key0 * kSwizzleRowBytes + (k % 4) * 32;
-        const int qoff = (k / 4) * col_block_bytes<kBM>() + (k % 4) * 32;
-        wgmma_ss<kDt, kBM>(dpt, smem_desc(v_sa + off, 0), smem_desc(do_tile(s) + qoff, 0), k > 0);
+        const int qoff = (k / 4) * col_block_bytes<kBM>() + wg_q0 * kSwizzleRowBytes + (k % 4) * 32;
+        wgmma_ss<kDt, kSN>(dpt, smem_desc(v_sa + off, 0), smem_desc(do_tile(s) + qoff, 0), k > 0);
       }
       wgmma_commit();
+      // kDqInStage: the last step's stage, once its dQ reductions have read it
+      // (the wait overlaps the products just issued).
+      if constexpr (Cfg::kDqInStage) {
+        if (ct == 0 && it > 0) {
+          tma_store_wait_read();
+          mbar_arrive(ring.empty(ring.stage(it - 1)));
+        }
+      }
       if constexpr (kFused) {
         wgmma_wait<0>();
         fence_operands(st);
@@ -529,20 +571,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
 
       // P^T, masked. Fragment element (j, 2 h + e): key thread_key0 + 8 h,
-      // query m0 + 8 j + 2 t + e.
+      // query m0 + q_frag0 + 8 j + e.
       const int key0 = n0 + wg_key0;
-      const bool partial = tile_is_partial(a.mask, m0, m0 + kBM - 1, key0, key0 + kWgmmaM - 1,
-                                           lens.kv_len);
+      const bool partial = tile_is_partial(a.mask, m0 + wg_q0, m0 + wg_q0 + kSN - 1, key0,
+                                           key0 + kWgmmaM - 1, lens.kv_len);
       if constexpr (kFused) {
         score_step(s, m0, h, partial, st, dpt);
       } else {
         const uint32_t vis = kFeat == kMasks || kFeat == kBias ? visibility(s, m0, h) : ~0u;
 #pragma unroll
-        for (int j = 0; j < kBM / 8; ++j) {
+        for (int j = 0; j < kSN / 8; ++j) {
           float2 l2;
           asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
                        : "=f"(l2.x), "=f"(l2.y)
-                       : "r"(lse_vec(s) + 4 * (8 * j + 2 * t)));
+                       : "r"(lse_vec(s) + 4 * (q_frag0 + 8 * j)));
 #pragma unroll
           for (int h2 = 0; h2 < 2; ++h2)
 #pragma unroll
@@ -570,38 +612,47 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             if (key >= lens.kv_len) q_hi[h2] = q_lo[h2];
           }
 #pragma unroll
-          for (int j = 0; j < kBM / 8; ++j)
+          for (int j = 0; j < kSN / 8; ++j)
 #pragma unroll
             for (int h2 = 0; h2 < 2; ++h2)
 #pragma unroll
               for (int e = 0; e < 2; ++e) {
-                const int q = m0 + 8 * j + 2 * t + e;
+                const int q = m0 + q_frag0 + 8 * j + e;
                 if (q < q_lo[h2] || q >= q_hi[h2]) st[j][2 * h2 + e] = 0.f;
               }
         }
       }
-      uint32_t pa[kBM / 16][4];
+      // dS^T [kBN keys][kBM queries] in shared memory (swizzled) for dQ = dS
+      // K; kSplitD: P^T beside it, each warpgroup writing its query columns.
+      const uint32_t ds_buf = ds_sa + (it % 2) * Cfg::kDsBytes;
+      [[maybe_unused]] const uint32_t p_buf = p_sa + (it % 2) * Cfg::kDsBytes;
+      [[maybe_unused]] uint32_t pa[kSN / 16][4], dsa[kSN / 16][4];
+      if constexpr (Cfg::kSplitD) {
+        store_keys_by_queries(p_buf, st);
+      } else {
 #pragma unroll
-      for (int kk = 0; kk < kBM / 16; ++kk) acc_to_a<kDt>(pa[kk], st[2 * kk], st[2 * kk + 1]);
-      wgmma_fence();
+        for (int kk = 0; kk < kSN / 16; ++kk) acc_to_a<kDt>(pa[kk], st[2 * kk], st[2 * kk + 1]);
+        wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kBM / kWgmmaK; ++kk)
-        wgmma_rs<kDt, kAcc>(dv, pa[kk],
-                            smem_desc(do_tile(s) + acc_cb0 * col_block_bytes<kBM>() +
-                                          kk * kWgmmaK * kSwizzleRowBytes, col_block_bytes<kBM>()));
-      wgmma_commit();
+        for (int kk = 0; kk < kBM / kWgmmaK; ++kk)
+          wgmma_rs<kDt, kAcc>(dv, pa[kk],
+                              smem_desc(do_tile(s) + acc_cb0 * col_block_bytes<kBM>() +
+                                            kk * kWgmmaK * kSwizzleRowBytes, col_block_bytes<kBM>()));
+        wgmma_commit();
+      }
       if constexpr (!kFused) {
-        wgmma_wait<1>();  // dP^T is in; dV += P^T dO may still run
+        // dP^T is in (without kSplitD, dV += P^T dO may still run).
+        wgmma_wait<Cfg::kSplitD ? 0 : 1>();
         fence_operands(dpt);
 
         [[maybe_unused]] const long long bias_h =
             b * a.scores.bias_stride_b + h * a.scores.bias_stride_n;
 #pragma unroll
-        for (int j = 0; j < kBM / 8; ++j) {
+        for (int j = 0; j < kSN / 8; ++j) {
           float2 d2;
           asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
                        : "=f"(d2.x), "=f"(d2.y)
-                       : "r"(delta_vec(s) + 4 * (8 * j + 2 * t)));
+                       : "r"(delta_vec(s) + 4 * (q_frag0 + 8 * j)));
 #pragma unroll
           for (int h2 = 0; h2 < 2; ++h2) {
             st[j][2 * h2] *= dpt[j][2 * h2] - d2.x;
@@ -609,66 +660,95 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             if constexpr (kFeat == kBias) {  // dbias = dS
 #pragma unroll
               for (int e = 0; e < 2; ++e)
-                put_dbias(bias_elem_addr(s, j, h2, e), bias_h, m0 + 8 * j + 2 * t + e,
+                put_dbias(bias_elem_addr(s, j, h2, e), bias_h, m0 + q_frag0 + 8 * j + e,
                           n0 + thread_key0 + 8 * h2, st[j][2 * h2 + e]);
             }
           }
         }
       }
-      uint32_t dsa[kBM / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < kBM / 16; ++kk) {
+      if constexpr (Cfg::kSplitD) {
         if constexpr (kFused)  // score_step left dS^T in dpt
-          acc_to_a<kDt>(dsa[kk], dpt[2 * kk], dpt[2 * kk + 1]);
+          store_keys_by_queries(ds_buf, dpt);
         else
-          acc_to_a<kDt>(dsa[kk], st[2 * kk], st[2 * kk + 1]);
-      }
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBM / kWgmmaK; ++kk)
-        wgmma_rs<kDt, kAcc>(dk, dsa[kk],
-                            smem_desc(q_tile(s) + acc_cb0 * col_block_bytes<kBM>() +
-                                          kk * kWgmmaK * kSwizzleRowBytes, col_block_bytes<kBM>()));
-      wgmma_commit();
-
-      // dS^T -> shared ([128 keys][64 queries], swizzled), for dQ = dS K.
-      const uint32_t ds_buf = ds_sa + (Cfg::kSplitD ? c : it % 2) * Cfg::kDsBytes;
-#pragma unroll
-      for (int kk = 0; kk < kBM / 16; ++kk)
-#pragma unroll
-        for (int h2 = 0; h2 < 2; ++h2) {
-          const int r = thread_key0 + 8 * h2;
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int chunk = 2 * kk + half;
-            st_shared_b32(ds_buf + swizzled_offset(r, chunk) + 4 * t, dsa[kk][2 * half + h2]);
-          }
-        }
-      fence_proxy_async();
-      // kDqTma: the last step's reductions have read this warpgroup's dQ
-      // tile before anyone passes the barrier and writes it again.
-      if (Cfg::kDqTma && ct == 0) tma_store_wait_read();
-      if constexpr (Cfg::kDqByKeys)
-        named_barrier_sync(2 + c, kWarpgroupThreads);
-      else
+          store_keys_by_queries(ds_buf, st);
+        fence_proxy_async();
         named_barrier_sync(1, Cfg::kConsumers * kWarpgroupThreads);
-      if constexpr (kFeat == kBias) {
-        if (dbias_storer) {  // the warpgroup's dS is in the tile (fenced before the barrier)
-          store_dbias(bias_tile(s), mt, h, false);
-          tma_store_commit();
+        // Both halves of P^T and dS^T are in: dV += P^T dO, dK += dS^T Q
+        // over this warpgroup's columns.
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBM / kWgmmaK; ++kk)
+          wgmma_ss_nt<kDt, kAcc>(dv, smem_desc(p_buf + kk * 32, 0),
+                                 smem_desc(do_tile(s) + acc_cb0 * col_block_bytes<kBM>() +
+                                               kk * kWgmmaK * kSwizzleRowBytes,
+                                           col_block_bytes<kBM>()),
+                                 1);
+#pragma unroll
+        for (int kk = 0; kk < kBM / kWgmmaK; ++kk)
+          wgmma_ss_nt<kDt, kAcc>(dk, smem_desc(ds_buf + kk * 32, 0),
+                                 smem_desc(q_tile(s) + acc_cb0 * col_block_bytes<kBM>() +
+                                               kk * kWgmmaK * kSwizzleRowBytes,
+                                           col_block_bytes<kBM>()),
+                                 1);
+        wgmma_commit();
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < kSN / 16; ++kk) {
+          if constexpr (kFused)  // score_step left dS^T in dpt
+            acc_to_a<kDt>(dsa[kk], dpt[2 * kk], dpt[2 * kk + 1]);
+          else
+            acc_to_a<kDt>(dsa[kk], st[2 * kk], st[2 * kk + 1]);
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBM / kWgmmaK; ++kk)
+          wgmma_rs<kDt, kAcc>(dk, dsa[kk],
+                              smem_desc(q_tile(s) + acc_cb0 * col_block_bytes<kBM>() +
+                                            kk * kWgmmaK * kSwizzleRowBytes, col_block_bytes<kBM>()));
+        wgmma_commit();
+
+#pragma unroll
+        for (int kk = 0; kk < kSN / 16; ++kk)
+#pragma unroll
+          for (int h2 = 0; h2 < 2; ++h2) {
+            const int r = thread_key0 + 8 * h2;
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              const int chunk = 2 * kk + half;
+              st_shared_b32(ds_buf + swizzled_offset(r, chunk) + 4 * t, dsa[kk][2 * half + h2]);
+            }
+          }
+        fence_proxy_async();
+        // kDqTma: the last step's reductions have read this warpgroup's dQ
+        // tile before anyone passes the barrier and writes it again.
+        if (Cfg::kDqTma && ct == 0) tma_store_wait_read();
+        if constexpr (Cfg::kDqByKeys)
+          named_barrier_sync(2 + c, kWarpgroupThreads);
+        else
+          named_barrier_sync(1, Cfg::kConsumers * kWarpgroupThreads);
+        if constexpr (kFeat == kBias) {
+          if (dbias_storer) {  // the warpgroup's dS is in the tile (fenced before the barrier)
+            store_dbias(bias_tile(s), mt, h, false);
+            tma_store_commit();
+          }
         }
       }
       wgmma_wait<0>();
       fence_operands(dk);
       fence_operands(dv);
-      fence_operands(pa);
-      fence_operands(dsa);
+      if constexpr (!Cfg::kSplitD) {
+        fence_operands(pa);
+        fence_operands(dsa);
+      }
       // The stage is free once the dbias stores have read it.
       if constexpr (kFeat == kBias)
         if (dbias_storer) tma_store_wait_read();
       // Every consumer thread arrives: each has read this stage's lse and
       // delta with ordinary loads, and its own arrive releases them.
-      mbar_arrive(ring.empty(s));
+      // kDqInStage: dQ goes into the stage once both warpgroups are done
+      // with it, and thread 0 arrives in the next step.
+      if constexpr (Cfg::kDqInStage) named_barrier_sync(1, Cfg::kConsumers * kWarpgroupThreads);
+      if (!Cfg::kDqInStage || ct != 0) mbar_arrive(ring.empty(s));
 
       // dQ rows m0 + 16 w + g (+ 8), in 64-column blocks: keys [key_lo,
       // key_lo + dq_keys) of the tile times columns of K block cb.
@@ -701,7 +781,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         if constexpr (Cfg::kDqTma) {
           // Element (j, 2 h2 + e): row 16 w + g + 8 h2, column 8 j + 2 t + e,
           // in box j / 4 (32 columns), 16-byte chunk 2 (j % 4) + t / 2.
-          const uint32_t tile = dq_sa + c * Cfg::kDqBytes;
+          const uint32_t tile = Cfg::kDqInStage
+                                    ? (c == 0 ? q_tile(s) : do_tile(s)) + (cb - cb_lo) * Cfg::kDqBlockBytes
+                                    : dq_sa + c * Cfg::kDqBytes;
 #pragma unroll
           for (int h2 = 0; h2 < 2; ++h2)
 #pragma unroll

@@ -4,8 +4,9 @@ is why this is generated rather than written by hand. Run from this folder:
     python gen_wgmma.py > wgmma_ops.inc
 """
 
-SS_N = (64, 128)        # S = Q K^T: N = key-tile width
+SS_N = (32, 64, 128)    # S = Q K^T: N = key-tile width (32: a half tile of queries)
 SS_TT_N = (64,)         # dQ = dS K (both operands MN-major): N = 64 columns of dQ
+SS_NT_N = (128,)        # dV += P^T dO, P^T shared (K-major), dO MN-major: half of head dim 256
 RS_N = (64, 128, 256)   # O += P V: N = head-dim bucket
 TYPES = {"kBF16": "bf16", "kF16": "f16"}
 
@@ -18,7 +19,7 @@ def acc_list(n):
   return ", ".join(f"%{i}" for i in range(n // 2))
 
 
-def ss(n, dt, ptx, name="wgmma_ss", trans=0):
+def ss(n, dt, ptx, name="wgmma_ss", trans_a=0, trans_b=0):
   k = n // 2
   pad = " " * (len(name) - len("wgmma_ss"))
   return f'''template <>
@@ -26,7 +27,7 @@ __device__ __forceinline__ void {name}<DType::{dt}, {n}>(float (&d)[{n // 8}][4]
                                                           {pad}uint64_t b, int accumulate) {{
   asm volatile(
       "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{k + 2}, 0;\\n"
-      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} {{{acc_list(n)}}}, %{k}, %{k + 1}, p, 1, 1, {trans}, {trans};\\n}}\\n"
+      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} {{{acc_list(n)}}}, %{k}, %{k + 1}, p, 1, 1, {trans_a}, {trans_b};\\n}}\\n"
       : {acc_operands(n)}
       : "l"(a), "l"(b), "r"(accumulate));
 }}
@@ -52,6 +53,8 @@ for dt, ptx in TYPES.items():
   for n in SS_N:
     print(ss(n, dt, ptx))
   for n in SS_TT_N:
-    print(ss(n, dt, ptx, name="wgmma_ss_tt", trans=1))
+    print(ss(n, dt, ptx, name="wgmma_ss_tt", trans_a=1, trans_b=1))
+  for n in SS_NT_N:
+    print(ss(n, dt, ptx, name="wgmma_ss_nt", trans_b=1))
   for n in RS_N:
     print(rs(n, dt, ptx))

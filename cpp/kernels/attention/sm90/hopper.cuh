@@ -257,6 +257,9 @@ __device__ void wgmma_ss(float (&d)[kN / 8][4], uint64_t a, uint64_t b, int accu
 // As wgmma_ss, with both operands MN-major (A stored [k][m], B stored [k][n]).
 template <DType kDt, int kN>
 __device__ void wgmma_ss_tt(float (&d)[kN / 8][4], uint64_t a, uint64_t b, int accumulate);
+// As wgmma_ss, with B MN-major (stored [k][n]).
+template <DType kDt, int kN>
+__device__ void wgmma_ss_nt(float (&d)[kN / 8][4], uint64_t a, uint64_t b, int accumulate);
 // d[N/8][4] += A(64 x 16, registers) * B(16 x N, shared, MN-major).
 template <DType kDt, int kN>
 __device__ void wgmma_rs(float (&d)[kN / 8][4], const uint32_t (&a)[4], uint64_t b);
