@@ -876,8 +876,8 @@ void bwd_sm90_variants(int B, int S, bool causal) {
   auto one = [&](auto cfg) {
     using Cfg = decltype(cfg);
     const double ms = time_ms([&] { return jaxcraft::attn::sm90::launch_bwd_sm90<DType::kBF16, Cfg>(ba, 0); });
-    std::printf("sm90 bwd H%d S%d %s dq_by_keys %d tma_dq %d stages %d: %.3f ms %.1f TFLOP/s maxdiff %.2e\n",
-                H, S, causal ? "causal" : "full  ", Cfg::kDqByKeys, Cfg::kDqTma, Cfg::kStages, ms, flops / ms / 1e9,
+    std::printf("sm90 bwd H%d S%d %s dq_by_keys %d tma_dq %d in_stage %d stages %d: %.3f ms %.1f TFLOP/s maxdiff %.2e\n",
+                H, S, causal ? "causal" : "full  ", Cfg::kDqByKeys, Cfg::kDqTma, Cfg::kDqInStage, Cfg::kStages, ms, flops / ms / 1e9,
                 max_diff(gk, gk2, n));
   };
   (one(Cfgs{}), ...);
@@ -1154,10 +1154,13 @@ int main(int argc, char** argv) {
   {
     using jaxcraft::attn::sm90::BwdConfig;
     for (bool causal : {false, true}) {
-      // red.add dQ vs TMA dQ (the default), and the 3-stage ring at head dim 128.
-      bwd_sm90_variants<64, BwdConfig<64, 3, false>, BwdConfig<64, 3, false, false, true>>(8, 2048, causal);
-      bwd_sm90_variants<128, BwdConfig<128, 3, false>, BwdConfig<128, 2, false>,
-                        BwdConfig<128, 2, false, false, true>>(8, 2048, causal);
+      // TMA dQ from tiles of its own (the default) vs staged in the Q/dO
+      // stage (the kBias instances), which leaves room for a third stage at 128.
+      bwd_sm90_variants<64, BwdConfig<64, 3, false, false, true>,
+                        BwdConfig<64, 3, false, false, true, true>>(8, 2048, causal);
+      bwd_sm90_variants<128, BwdConfig<128, 2, false, false, true>,
+                        BwdConfig<128, 2, false, false, true, true>,
+                        BwdConfig<128, 3, false, false, true, true>>(8, 2048, causal);
       using jaxcraft::attn::sm90::FwdConfig;
       fwd_sm90_variants<128, FwdConfig<128, 2, 128, 3, true>, FwdConfig<128, 2, 128, 3>>(8, 2048,
                                                                                         causal);

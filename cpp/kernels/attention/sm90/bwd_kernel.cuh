@@ -48,11 +48,14 @@ namespace sm90 {
 // to its own float32 tile in shared memory and one thread adds it into
 // dq_accum with TMA bulk reductions, in place of 16-32 red.add per thread
 // (their issue and address arithmetic took a quarter of the H128 kernel's
-// warp samples under ncu). With kSplitD there is no room for dQ tiles of
-// their own: once both warpgroups are done with the step's Q and dO tiles
-// (32 KB each), each stages its 64 x 128 dQ in one of them, and the stage
-// is released when the reductions have read it.
-template <int kHeadDim_, int kStages_, bool kDqByKeys_, bool kSplitD_ = false, bool kDqTma_ = false>
+// warp samples under ncu).
+// kDqInStage (with kDqTma, where there is no room for dQ tiles of their own:
+// kSplitD, the kBias instances): once both warpgroups are done with the
+// step's Q and dO tiles, dQ is staged in them (a warpgroup's columns in one
+// tile, or the turn's block across both), and the stage is released when
+// the reductions have read it.
+template <int kHeadDim_, int kStages_, bool kDqByKeys_, bool kSplitD_ = false, bool kDqTma_ = false,
+          bool kDqInStage_ = false>
 struct BwdConfig {
   static constexpr bool kDqByKeys = kDqByKeys_ || kSplitD_;
   static constexpr bool kSplitD = kSplitD_;
@@ -81,10 +84,15 @@ struct BwdConfig {
   // (128-byte) swizzled boxes.
   static constexpr int kDqBoxCols = kSwizzleRowBytes / 4;
   static constexpr int kDqBlockBytes = kBlockM * kSwizzleCols * 4;  // one 64-column block
-  static constexpr bool kDqInStage = kDqTma && kSplitD;
-  static_assert(!kDqInStage || kQBytes == kAccCols / kSwizzleCols * kDqBlockBytes,
-                "a warpgroup's dQ columns fill a Q or dO tile");
-  static constexpr int kDqBytes = kDqTma && !kSplitD ? kDqBlockBytes : 0;
+  static constexpr bool kDqInStage = kDqInStage_;
+  static_assert(!kDqInStage || kDqTma, "dQ staged for TMA reductions");
+  static_assert(!(kSplitD && kDqTma) || kDqInStage, "kSplitD has no room for dQ tiles");
+  // dQ columns per warpgroup and step: kSplitD's half, else one block.
+  static constexpr int kDqCols = kSplitD ? kAccCols : kSwizzleCols;
+  static_assert(!kDqInStage || kDqCols / kSwizzleCols * kDqBlockBytes <=
+                                   (kColBlocks == 1 ? 2 : 1) * kQBytes,
+                "a warpgroup's dQ columns fit its Q or dO tile (one block: both)");
+  static constexpr int kDqBytes = kDqTma && !kDqInStage ? kDqBlockBytes : 0;
   static constexpr int kSmemBytes = kSwizzleAtomBytes + 2 * kKVBytes + kStages * kStageBytes +
                                     kDsBuffers * kDsBytes + kConsumers * kDqBytes +
                                     kStages * kVecStageBytes + ring_barrier_bytes(kStages);
@@ -124,16 +132,16 @@ struct BwdTiles<64> { using type = BwdConfig<64, 3, false, false, true>; };
 template <>
 struct BwdTiles<128> { using type = BwdConfig<128, 2, false, false, true>; };
 template <>
-struct BwdTiles<256> { using type = BwdConfig<256, 2, true, true, true>; };
+struct BwdTiles<256> { using type = BwdConfig<256, 2, true, true, true, true>; };
 // kBias instances: the bias tiles take the room of the TMA dQ tiles (head
-// dim 64 and 128) and of a stage (128); head dim 256 has no room for them
-// (its bias is read per element, kScores).
+// dim 64 and 128: dQ goes through the stage); head dim 256 has no room for
+// them (its bias is read per element, kScores).
 template <int kHeadDim>
 struct BwdBiasTiles : BwdTiles<kHeadDim> {};
 template <>
-struct BwdBiasTiles<64> { using type = BwdConfig<64, 3, false>; };
+struct BwdBiasTiles<64> { using type = BwdConfig<64, 3, false, false, true, true>; };
 template <>
-struct BwdBiasTiles<128> { using type = BwdConfig<128, 2, false>; };
+struct BwdBiasTiles<128> { using type = BwdConfig<128, 2, false, false, true, true>; };
 
 struct BwdSm90Args {
   CUtensorMap q_map, do_map;   // box 64 rows
@@ -721,7 +729,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         fence_proxy_async();
         // kDqTma: the last step's reductions have read this warpgroup's dQ
         // tile before anyone passes the barrier and writes it again.
-        if (Cfg::kDqTma && ct == 0) tma_store_wait_read();
+        if (Cfg::kDqTma && !Cfg::kDqInStage && ct == 0) tma_store_wait_read();
         if constexpr (Cfg::kDqByKeys)
           named_barrier_sync(2 + c, kWarpgroupThreads);
         else
@@ -781,9 +789,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         if constexpr (Cfg::kDqTma) {
           // Element (j, 2 h2 + e): row 16 w + g + 8 h2, column 8 j + 2 t + e,
           // in box j / 4 (32 columns), 16-byte chunk 2 (j % 4) + t / 2.
-          const uint32_t tile = Cfg::kDqInStage
-                                    ? (c == 0 ? q_tile(s) : do_tile(s)) + (cb - cb_lo) * Cfg::kDqBlockBytes
-                                    : dq_sa + c * Cfg::kDqBytes;
+          const uint32_t tile =
+              Cfg::kDqInStage
+                  ? q_tile(s) + (kCB == 1 ? 0 : c * Cfg::kQBytes) + (cb - cb_lo) * Cfg::kDqBlockBytes
+                  : dq_sa + c * Cfg::kDqBytes;
 #pragma unroll
           for (int h2 = 0; h2 < 2; ++h2)
 #pragma unroll
