@@ -904,8 +904,8 @@ void fwd_sm90_variants(int B, int S, bool causal) {
   auto one = [&](auto cfg) {
     using Cfg = decltype(cfg);
     const double ms = time_ms([&] { return jaxcraft::attn::sm90::launch_fwd_sm90<DType::kBF16, Cfg>(fa, 0); });
-    std::printf("sm90 fwd H%d S%d %s tile %dx%d stages %d overlap %d: %.3f ms %.1f TFLOP/s maxdiff %.2e\n", H, S,
-                causal ? "causal" : "full  ", Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, Cfg::kOverlap, ms,
+    std::printf("sm90 fwd H%d S%d %s tile %dx%d stages %d overlap %d persistent %d: %.3f ms %.1f TFLOP/s maxdiff %.2e\n", H, S,
+                causal ? "causal" : "full  ", Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, Cfg::kOverlap, Cfg::kPersistent, ms,
                 flops / ms / 1e9, max_diff(buf.o, buf.o2, buf.n));
   };
   (one(Cfgs{}), ...);
@@ -1161,12 +1161,17 @@ int main(int argc, char** argv) {
       bwd_sm90_variants<128, BwdConfig<128, 2, false, false, true>,
                         BwdConfig<128, 2, false, false, true, true>,
                         BwdConfig<128, 3, false, false, true, true>>(8, 2048, causal);
+      // Persistent (one CTA per SM striding through the work items) vs one
+      // CTA per item, at 16k tokens.
       using jaxcraft::attn::sm90::FwdConfig;
-      fwd_sm90_variants<128, FwdConfig<128, 2, 128, 3, true>, FwdConfig<128, 2, 128, 3>>(8, 2048,
-                                                                                        causal);
-      fwd_sm90_variants<64, FwdConfig<64, 3, 128, 2>, FwdConfig<64, 3, 128, 3>,
-                        FwdConfig<64, 3, 128, 3, true>, FwdConfig<64, 2, 128, 3, true>>(8, 2048, causal);
-      fwd_sm90_variants<256, FwdConfig<256, 2, 64, 2>, FwdConfig<256, 2, 64, 2, true>>(8, 2048, causal);
+      for (int S : {512, 1024, 2048}) {
+        fwd_sm90_variants<128, FwdConfig<128, 2, 128, 3, true, true>, FwdConfig<128, 2, 128, 3, true>>(
+            16384 / S, S, causal);
+        fwd_sm90_variants<64, FwdConfig<64, 3, 128, 2, false, true>, FwdConfig<64, 3, 128, 2>>(
+            16384 / S, S, causal);
+        fwd_sm90_variants<256, FwdConfig<256, 2, 64, 2, false, true>, FwdConfig<256, 2, 64, 2>>(
+            16384 / S, S, causal);
+      }
     }
   }
   if (argc > 1 && std::string(argv[argc - 1]) == "variants") {

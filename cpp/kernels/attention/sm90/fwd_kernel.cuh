@@ -6,11 +6,22 @@
 // never wait on each other, so one warpgroup's softmax runs while another's
 // GEMMs occupy the tensor cores. O is staged in the warpgroup's own (dead)
 // rows of the Q tile and written by a TMA store, which clips partial tiles.
+// kPersistent (without a causal mask, where every work item is the same
+// work): one CTA per SM strides through the work items, and the producer
+// loads the next item's first K/V tile while the consumers finish this one,
+// and its Q once their O stores have read the Q tile (at S <= 2048 a CTA
+// sees only 4-16 key tiles, and a fresh CTA's launch and first loads cost
+// a large part). Under a causal mask the items differ in work and the
+// hardware's assignment of CTAs to free SMs balances them better than a
+// fixed stride (measured: -11% at D128 S2048, -31% at D256).
 // Segment ids, the boolean mask, soft cap, bias and dropout run in separate
 // instances of the same kernel (kFeat, features.cuh).
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
 
 #include "kernels/attention/kernel_args.h"
 #include "kernels/attention/mask.cuh"
@@ -30,9 +41,11 @@ namespace sm90 {
 // tile i's P V runs (needs a third ring stage, else the K/V load of tile
 // i + 2, which can only start once P V of tile i has released its stage, is
 // exposed: measured 513 -> 459 TFLOP/s at H128 with two stages, 614 with three).
-template <int kHeadDim_, int kConsumers_, int kBlockN_, int kStages_, bool kOverlap_ = false>
+template <int kHeadDim_, int kConsumers_, int kBlockN_, int kStages_, bool kOverlap_ = false,
+          bool kPersistent_ = false>
 struct FwdConfig {
   static constexpr bool kOverlap = kOverlap_;
+  static constexpr bool kPersistent = kPersistent_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kConsumers = kConsumers_;
   static constexpr int kBlockM = kConsumers * kWgmmaM;
@@ -43,20 +56,25 @@ struct FwdConfig {
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // one of K or V
   static constexpr int kStageBytes = 2 * kKVBytes;
+  // The ring's barriers and the Q tile's release.
+  static constexpr int kBarrierBytes = ring_barrier_bytes(kStages) + 8;
   // + alignment slack: the swizzled tiles need 1024-byte-aligned addresses.
   static constexpr int kSmemBytes =
-      kSwizzleAtomBytes + kQBytes + kStages * kStageBytes + ring_barrier_bytes(kStages);
-  // setmaxnreg: the producer only issues copies; the consumers hold S, O and
-  // P fragments. Totals stay within the SM's 64K registers.
-  static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 32;
-  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
+      kSwizzleAtomBytes + kQBytes + kStages * kStageBytes + kBarrierBytes;
+  // setmaxnreg: the producer only issues copies (with two consumers 40: its
+  // work-item loop spilled at 24 in the feature instances; three leave it
+  // 32, where the mask instance spills 44 bytes: the consumers measured 3-6%
+  // slower with 152); the consumers hold S, O and P fragments. Totals stay
+  // within the SM's 64K registers.
+  static constexpr int kProducerRegs = kConsumers == 2 ? 40 : 32;
+  static constexpr int kConsumerRegs = kConsumers == 2 ? 232 : 160;
   static_assert(kHeadDim % kSwizzleCols == 0, "head dim is whole 64-column blocks");
   static_assert(kSmemBytes <= 227 * 1024, "fits the sm_90 shared-memory opt-in");
   // Feature instances: per ring stage, the key tile's segment ids and their
   // min and max (written by the producer warp), after the barriers.
   static constexpr int kIdBytes = kBlockN * 4 + 16;
   static constexpr int kIdsRel =  // from the aligned base
-      (kQBytes + kStages * kStageBytes + ring_barrier_bytes(kStages) + 15) / 16 * 16;
+      (kQBytes + kStages * kStageBytes + kBarrierBytes + 15) / 16 * 16;
   static constexpr int kFeatSmemBytes = kSwizzleAtomBytes + kIdsRel + kStages * kIdBytes;
   static_assert(kFeatSmemBytes <= 227 * 1024, "fits the sm_90 shared-memory opt-in");
   // kBias instances: per ring stage, the bias tile (kBlockM x kBlockN, 16-bit
@@ -74,11 +92,11 @@ struct FwdConfig {
 template <int kHeadDim>
 struct FwdTiles;
 template <>
-struct FwdTiles<64> { using type = FwdConfig<64, 3, 128, 2>; };
+struct FwdTiles<64> { using type = FwdConfig<64, 3, 128, 2, false, true>; };
 template <>
-struct FwdTiles<128> { using type = FwdConfig<128, 2, 128, 3, true>; };
+struct FwdTiles<128> { using type = FwdConfig<128, 2, 128, 3, true, true>; };
 template <>
-struct FwdTiles<256> { using type = FwdConfig<256, 2, 64, 2>; };
+struct FwdTiles<256> { using type = FwdConfig<256, 2, 64, 2, false, true>; };
 // kScores instances: head dim 64's 160-register consumers have no room for
 // the bias loads.
 template <int kHeadDim>
@@ -106,6 +124,9 @@ struct FwdSm90Args {
   FwdArgs a;
   CUtensorMap bias_map;  // kBias instances: box kBlockM rows x 128 bytes
   int tile_group;        // tile_order.h
+  // Work items: m_blocks query tiles x heads x batch (kernel parameters,
+  // which cost the consumers no registers).
+  int m_blocks, items;
 };
 
 // kFeat (features.cuh): kPlain, or the instances that add segment ids and
@@ -125,13 +146,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const uint32_t q_sa = swizzle_aligned(smem_raw);
   const uint32_t kv_sa = q_sa + Cfg::kQBytes;
   const RingBarriers<kStages> ring{kv_sa + kStages * Cfg::kStageBytes};
+  // Q's release for the next work item: one arrive per consumer warpgroup,
+  // once its O store has read its rows of the Q tile.
+  const uint32_t q_empty = ring.base + RingBarriers<kStages>::kBytes;
   auto k_tile = [&](int s) { return kv_sa + s * Cfg::kStageBytes; };
   auto v_tile = [&](int s) { return kv_sa + s * Cfg::kStageBytes + Cfg::kKVBytes; };
 
   // Feature instances: stage s's key segment ids at ids_vec(s), their min
   // and max at ids_vec(s) + 4 kBN.
   [[maybe_unused]] const uint32_t ids_sa =
-      (kv_sa + kStages * Cfg::kStageBytes + ring_barrier_bytes(kStages) + 15) & ~15u;
+      (kv_sa + kStages * Cfg::kStageBytes + Cfg::kBarrierBytes + 15) & ~15u;
   [[maybe_unused]] auto ids_vec = [&](int s) { return ids_sa + s * Cfg::kIdBytes; };
   // kBias: stage s's bias tile.
   [[maybe_unused]] const int bias_tile_bytes = kBM * kBN * (a.scores.bias_f32 ? 4 : 2);
@@ -145,30 +169,41 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // consumer thread, as each reads the stage's segment ids with ordinary
   // loads and only its own arrive orders them before the producer's rewrite
   // (compute-sanitizer racecheck flagged the lane-0 arrive there).
-  if (tid == 0)
+  if (tid == 0) {
+    mbar_init(q_empty, Cfg::kConsumers);
     ring.init(kFeat == kPlain ? 1 : 1 + kWarpSize,
               Cfg::kConsumers * (kFeat == kPlain ? 4 : kWarpgroupThreads));
+  }
   __syncthreads();
 
-  // Highest query tiles first: under a causal mask they have the most keys.
-  const TileItem item = tile_item(p.tile_group);
-  const int m_block = gridDim.x - 1 - item.rank;
-  const int head = item.head, b = item.batch;
-  const int kv_head = head / (sh.num_heads / sh.num_kv_heads);
-  const SeqLens lens = seq_lens(a.mask, sh, b);
-  const int m0 = m_block * kBM;
-  const int rows_valid = min(kBM, lens.q_len - m0);
-  // The key tiles [t_begin, t_end) this CTA visits, computed here, before
-  // the roles split, so that the producer loads exactly the tiles the
-  // consumers take from the ring.
-  int n_lo = 0, n_hi = 0;
-  if (rows_valid > 0) {
-    key_range(a.mask, m0, m0 + rows_valid - 1, lens.kv_len, &n_lo, &n_hi);
-    if constexpr (kFeat != kPlain)
-      segment_key_range(a.mask, sh, b, m0, m0 + rows_valid - 1, &n_lo, &n_hi);
-  }
-  const int t_begin = max(n_lo, 0) / kBN;
-  const int t_end = n_hi > n_lo ? (n_hi + kBN - 1) / kBN : t_begin;
+  // Work items (query tile, head, batch element), highest query tiles first:
+  // under a causal mask they have the most keys. This CTA takes items
+  // blockIdx.x, + gridDim.x, ... (one, unless kPersistent).
+  struct Work {
+    int m0, head, b, kv_head, rows_valid, t_begin, t_end;
+    SeqLens lens;
+  };
+  // Both roles derive the key tiles [t_begin, t_end) an item visits, so
+  // that the producer loads exactly the tiles the consumers take from the ring.
+  auto work_at = [&](int idx) {
+    const TileItem item = tile_item_at(idx, p.m_blocks, sh.num_heads, sh.batch, p.tile_group);
+    Work w;
+    w.head = item.head;
+    w.b = item.batch;
+    w.kv_head = w.head / (sh.num_heads / sh.num_kv_heads);
+    w.lens = seq_lens(a.mask, sh, w.b);
+    w.m0 = (p.m_blocks - 1 - item.rank) * kBM;
+    w.rows_valid = min(kBM, w.lens.q_len - w.m0);
+    int n_lo = 0, n_hi = 0;
+    if (w.rows_valid > 0) {
+      key_range(a.mask, w.m0, w.m0 + w.rows_valid - 1, w.lens.kv_len, &n_lo, &n_hi);
+      if constexpr (kFeat != kPlain)
+        segment_key_range(a.mask, sh, w.b, w.m0, w.m0 + w.rows_valid - 1, &n_lo, &n_hi);
+    }
+    w.t_begin = max(n_lo, 0) / kBN;
+    w.t_end = n_hi > n_lo ? (n_hi + kBN - 1) / kBN : w.t_begin;
+    return w;
+  };
 
   if (wg == 0) {
     setmaxnreg_dec<Cfg::kProducerRegs>();
@@ -177,21 +212,32 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         prefetch_tensor_map(&p.q_map);
         prefetch_tensor_map(&p.k_map);
         prefetch_tensor_map(&p.v_map);
-        mbar_arrive_expect_tx(ring.once(), Cfg::kQBytes);
+        int it = 0, n = 0;
+        for (int idx = blockIdx.x; idx < p.items; idx += gridDim.x, ++n) {
+          const Work wk = work_at(idx);
+          // Q once the previous item's O stores have read the Q tile: after
+          // this item's first K/V tile, whose stage frees up earlier.
+          auto load_q = [&] {
+            if (n > 0) mbar_wait(q_empty, (n - 1) & 1);
+            mbar_arrive_expect_tx(ring.once(), Cfg::kQBytes);
 #pragma unroll
-        for (int cb = 0; cb < kCB; ++cb)
-          tma_load_4d(q_sa + cb * col_block_bytes<kBM>(), &p.q_map, ring.once(), cb * kSwizzleCols, head,
-                      m0, b);
-        for (int nt = t_begin, it = 0; nt < t_end; ++nt, ++it) {
-          const int s = ring.stage(it);
-          ring.wait_free(it);
-          mbar_arrive_expect_tx(ring.full(s), Cfg::kStageBytes);
+            for (int cb = 0; cb < kCB; ++cb)
+              tma_load_4d(q_sa + cb * col_block_bytes<kBM>(), &p.q_map, ring.once(),
+                          cb * kSwizzleCols, wk.head, wk.m0, wk.b);
+          };
+          if (wk.t_begin == wk.t_end) load_q();
+          for (int nt = wk.t_begin; nt < wk.t_end; ++nt, ++it) {
+            const int s = ring.stage(it);
+            ring.wait_free(it);
+            mbar_arrive_expect_tx(ring.full(s), Cfg::kStageBytes);
 #pragma unroll
-          for (int cb = 0; cb < kCB; ++cb) {
-            tma_load_4d(k_tile(s) + cb * col_block_bytes<kBN>(), &p.k_map, ring.full(s),
-                        cb * kSwizzleCols, kv_head, nt * kBN, b);
-            tma_load_4d(v_tile(s) + cb * col_block_bytes<kBN>(), &p.v_map, ring.full(s),
-                        cb * kSwizzleCols, kv_head, nt * kBN, b);
+            for (int cb = 0; cb < kCB; ++cb) {
+              tma_load_4d(k_tile(s) + cb * col_block_bytes<kBN>(), &p.k_map, ring.full(s),
+                          cb * kSwizzleCols, wk.kv_head, nt * kBN, wk.b);
+              tma_load_4d(v_tile(s) + cb * col_block_bytes<kBN>(), &p.v_map, ring.full(s),
+                          cb * kSwizzleCols, wk.kv_head, nt * kBN, wk.b);
+            }
+            if (nt == wk.t_begin) load_q();
           }
         }
       }
@@ -205,6 +251,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         prefetch_tensor_map(&p.k_map);
         prefetch_tensor_map(&p.v_map);
         if constexpr (kFeat == kBias) prefetch_tensor_map(&p.bias_map);
+      }
+      int it = 0, n = 0;
+      for (int idx = blockIdx.x; idx < p.items; idx += gridDim.x, ++n) {
+      const Work wk = work_at(idx);
+      const int m0 = wk.m0, head = wk.head, b = wk.b, kv_head = wk.kv_head;
+      const int t_begin = wk.t_begin, t_end = wk.t_end;
+      if (tid == 0) {
+        if (n > 0) mbar_wait(q_empty, (n - 1) & 1);
         mbar_arrive_expect_tx(ring.once(), Cfg::kQBytes);
 #pragma unroll
         for (int cb = 0; cb < kCB; ++cb)
@@ -223,7 +277,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           v[k] = __ldg(kv_ids + min(nt * kBN + tid + kWarpSize * k, sh.seqlen_k - 1));
       };
       if (kv_ids != nullptr) load_tile_ids(t_begin);
-      for (int nt = t_begin, it = 0; nt < t_end; ++nt, ++it) {
+      for (int nt = t_begin; nt < t_end; ++nt, ++it) {
         const int s = ring.stage(it);
         ring.wait_free(it);
         if (tid == 0) {
@@ -264,6 +318,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
         mbar_arrive(ring.full(s));
       }
+      }
     }
     return;
   }
@@ -275,6 +330,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int wg_row0 = c * kWgmmaM;            // first tile row of this warpgroup
   const int thread_row0 = wg_row0 + w * 16 + g;  // this thread's rows: + 0 and + 8
 
+  int it0 = 0, n = 0;  // ring uses before this work item; items done
+  for (int idx = blockIdx.x; idx < p.items; idx += gridDim.x, ++n) {
+  const Work wk = work_at(idx);
+  const int m0 = wk.m0, head = wk.head, b = wk.b, rows_valid = wk.rows_valid;
+  const int t_begin = wk.t_begin, t_end = wk.t_end;
+  const SeqLens lens = wk.lens;
   float o[1][kD / 8][4];
   float row_max[1][2] = {{-INFINITY, -INFINITY}}, row_sum[1][2] = {{0.f, 0.f}};
 #pragma unroll
@@ -311,7 +372,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // S = Q K^T for key tile nt (ring step it) into sc, scaled and masked.
   float sc[1][kBN / 8][4];
   auto issue_scores = [&](int it) {
-    const int s = ring.stage(it);
+    const int s = ring.stage(it0 + it);
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < kD / kWgmmaK; ++k) {
@@ -327,7 +388,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // key nt * kBN + 8 j + 2 t + e.
   [[maybe_unused]] auto feature_scores = [&](int nt) {
     const int n0 = nt * kBN;
-    const uint32_t ids = ids_vec(ring.stage(nt - t_begin));
+    const uint32_t ids = ids_vec(ring.stage(it0 + nt - t_begin));
     int cover = kSegAllVisible;
     if (a.mask.q_segment_ids != nullptr) {
       int2 range;
@@ -349,7 +410,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if constexpr (kFeat == kBias) {
         // From the stage's tile: key pairs 8 j + 2 t + {0, 1} in one
         // conflict-free shared load.
-        const uint32_t tile = bias_tile(ring.stage(nt - t_begin));
+        const uint32_t tile = bias_tile(ring.stage(it0 + nt - t_begin));
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int r = thread_row0 + 8 * h;
@@ -468,7 +529,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // O += P V for ring step it, P (16-bit) from registers.
   uint32_t pa[kBN / 16][4];
   auto issue_pv = [&](int it) {
-    const int s = ring.stage(it);
+    const int s = ring.stage(it0 + it);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBN / kWgmmaK; ++kk) {
@@ -483,8 +544,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   };
 
   auto release = [&](int it) {
-    if (kFeat != kPlain || lane == 0) mbar_arrive(ring.empty(ring.stage(it)));
+    if (kFeat != kPlain || lane == 0) mbar_arrive(ring.empty(ring.stage(it0 + it)));
   };
+
   // kDropout: zero the dropped probabilities of tile nt (after the row sums
   // took them: the softmax is that of all keys); the epilogue scales by
   // 1 / (1 - rate). Keys 4 j4 .. + 3 of a row share a Philox block; this
@@ -518,11 +580,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
     }
   };
-  mbar_wait(ring.once(), 0);
+  mbar_wait(ring.once(), n & 1);
   const int n_tiles = t_end - t_begin;
   if constexpr (!Cfg::kOverlap) {
     for (int it = 0; it < n_tiles; ++it) {
-      ring.wait_full(it);
+      ring.wait_full(it0 + it);
       issue_scores(it);
       wgmma_wait<0>();
       mask_scores(t_begin + it);
@@ -540,7 +602,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // while tile it - 1's P V runs, and their softmax (the exponentials) runs
   // under that product too; O is rescaled only once P V has landed.
   if (Cfg::kOverlap && n_tiles > 0) {
-    ring.wait_full(0);
+    ring.wait_full(it0);
     issue_scores(0);
     wgmma_wait<0>();
     mask_scores(t_begin);
@@ -550,7 +612,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     pack_probs();
   }
   for (int it = 1; Cfg::kOverlap && it < n_tiles; ++it) {
-    ring.wait_full(it);
+    ring.wait_full(it0 + it);
     issue_scores(it);
     issue_pv(it - 1);
     wgmma_wait<1>();
@@ -572,7 +634,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
 
   // Epilogue: normalize, write the logsumexp, stage O (16-bit, swizzled)
-  // over this warpgroup's rows of the Q tile, then one thread stores it.
+  // over this warpgroup's rows of the Q tile, then one thread stores it and,
+  // once the store has read them, releases the Q tile.
   const int rows_out = min(kBM, sh.seqlen_q - m0);
   float* lse = a.lse + (int64_t(b) * sh.num_heads + head) * sh.seqlen_q + m0;
 #pragma unroll
@@ -602,12 +665,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
   fence_proxy_async();
   named_barrier_sync(1 + c, kWarpgroupThreads);
-  if (ct == 0 && wg_row0 < rows_out) {
+  if (ct == 0) {
+    if (wg_row0 < rows_out) {
 #pragma unroll
-    for (int cb = 0; cb < kCB; ++cb)
-      tma_store_4d(&p.o_map, q_sa + cb * col_block_bytes<kBM>() + wg_row0 * kSwizzleRowBytes,
-                   cb * kSwizzleCols, head, m0 + wg_row0, b);
-    tma_store_commit_and_wait();
+      for (int cb = 0; cb < kCB; ++cb)
+        tma_store_4d(&p.o_map, q_sa + cb * col_block_bytes<kBM>() + wg_row0 * kSwizzleRowBytes,
+                     cb * kSwizzleCols, head, m0 + wg_row0, b);
+      tma_store_commit_and_wait();
+    }
+    mbar_arrive(q_empty);
+  }
+  it0 += t_end - t_begin;
   }
 #endif  // JAXCRAFT_SM90A_ENABLED
 }
@@ -642,10 +710,21 @@ cudaError_t launch_fwd_sm90(const FwdArgs& a, cudaStream_t stream,
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
-  const dim3 grid((s.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, s.num_heads, s.batch);
+  p.m_blocks = (s.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  const int64_t items = int64_t(p.m_blocks) * s.num_heads * s.batch;
+  if (items > INT32_MAX) return cudaErrorInvalidValue;
+  p.items = static_cast<int>(items);
   // Each query head's tiles stream its KV head's K and V.
   p.tile_group = tile_group(a.mask.causal, int64_t(s.seqlen_k) * s.head_dim * 4,
                             int64_t(s.num_heads) * s.batch);
+  int grid = p.items;
+  if (Cfg::kPersistent && !a.mask.causal) {
+    int device = 0, sms = 0;
+    if ((err = cudaGetDevice(&device)) != cudaSuccess ||
+        (err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess)
+      return err;
+    grid = std::min(p.items, sms);
+  }
   kernel<<<grid, Cfg::kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }

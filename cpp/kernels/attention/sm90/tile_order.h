@@ -36,16 +36,22 @@ struct TileItem {
   int head, batch;
 };
 
-// This CTA's work item: its linear block index in the grid order, read as
+// Work item `idx` of `tiles` x `heads` x `batches` (tiles fastest), read as
 // tile-major within groups of `group` (head, batch) pairs.
-__device__ __forceinline__ TileItem tile_item(int group) {
-  const int64_t tiles = gridDim.x, heads = gridDim.y, members = heads * gridDim.z;
-  const int64_t idx = blockIdx.x + tiles * (blockIdx.y + heads * blockIdx.z);
+__device__ __forceinline__ TileItem tile_item_at(int64_t idx, int64_t tiles, int64_t heads,
+                                                 int64_t batches, int group) {
+  const int64_t members = heads * batches;
   const int64_t chunk = idx / (group * tiles), within = idx % (group * tiles);
   const int64_t size = min(int64_t(group), members - chunk * group);
   const int64_t member = chunk * group + within % size;
   return TileItem{static_cast<int>(within / size), static_cast<int>(member % heads),
                   static_cast<int>(member / heads)};
+}
+
+// This CTA's work item when the launch grid is (tiles, heads, batch).
+__device__ __forceinline__ TileItem tile_item(int group) {
+  return tile_item_at(blockIdx.x + int64_t(gridDim.x) * (blockIdx.y + int64_t(gridDim.y) * blockIdx.z),
+                      gridDim.x, gridDim.y, gridDim.z, group);
 }
 
 }  // namespace sm90
