@@ -254,70 +254,70 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
       int it = 0, n = 0;
       for (int idx = blockIdx.x; idx < p.items; idx += gridDim.x, ++n) {
-      const Work wk = work_at(idx);
-      const int m0 = wk.m0, head = wk.head, b = wk.b, kv_head = wk.kv_head;
-      const int t_begin = wk.t_begin, t_end = wk.t_end;
-      if (tid == 0) {
-        if (n > 0) mbar_wait(q_empty, (n - 1) & 1);
-        mbar_arrive_expect_tx(ring.once(), Cfg::kQBytes);
-#pragma unroll
-        for (int cb = 0; cb < kCB; ++cb)
-          tma_load_4d(q_sa + cb * col_block_bytes<kBM>(), &p.q_map, ring.once(), cb * kSwizzleCols,
-                      head, m0, b);
-      }
-      const int32_t* kv_ids = a.mask.q_segment_ids != nullptr
-                                  ? a.mask.kv_segment_ids + int64_t(b) * sh.seqlen_k
-                                  : nullptr;
-      // The ids are loaded one tile ahead, so their latency hides behind
-      // the wait for a free stage.
-      int v[kBN / kWarpSize];
-      auto load_tile_ids = [&](int nt) {
-#pragma unroll
-        for (int k = 0; k < kBN / kWarpSize; ++k)
-          v[k] = __ldg(kv_ids + min(nt * kBN + tid + kWarpSize * k, sh.seqlen_k - 1));
-      };
-      if (kv_ids != nullptr) load_tile_ids(t_begin);
-      for (int nt = t_begin; nt < t_end; ++nt, ++it) {
-        const int s = ring.stage(it);
-        ring.wait_free(it);
+        const Work wk = work_at(idx);
+        const int m0 = wk.m0, head = wk.head, b = wk.b, kv_head = wk.kv_head;
+        const int t_begin = wk.t_begin, t_end = wk.t_end;
         if (tid == 0) {
-          mbar_arrive_expect_tx(ring.full(s),
-                                Cfg::kStageBytes + (kFeat == kBias ? bias_tile_bytes : 0));
+          if (n > 0) mbar_wait(q_empty, (n - 1) & 1);
+          mbar_arrive_expect_tx(ring.once(), Cfg::kQBytes);
 #pragma unroll
-          for (int cb = 0; cb < kCB; ++cb) {
-            tma_load_4d(k_tile(s) + cb * col_block_bytes<kBN>(), &p.k_map, ring.full(s),
-                        cb * kSwizzleCols, kv_head, nt * kBN, b);
-            tma_load_4d(v_tile(s) + cb * col_block_bytes<kBN>(), &p.v_map, ring.full(s),
-                        cb * kSwizzleCols, kv_head, nt * kBN, b);
-          }
-          if constexpr (kFeat == kBias) {
-            // Rows m0.. x keys nt kBN.., in 128-byte column blocks; rows
-            // and keys past the ends read as zero (and are masked).
-            const int block_keys = a.scores.bias_f32 ? 32 : 64;
-            const int bn = a.scores.bias_stride_n ? head : 0, bb = a.scores.bias_stride_b ? b : 0;
-            for (int cb = 0; cb < kBN / block_keys; ++cb)
-              tma_load_4d(bias_tile(s) + cb * kBM * kSwizzleRowBytes, &p.bias_map, ring.full(s),
-                          nt * kBN + cb * block_keys, m0, bn, bb);
-          }
+          for (int cb = 0; cb < kCB; ++cb)
+            tma_load_4d(q_sa + cb * col_block_bytes<kBM>(), &p.q_map, ring.once(), cb * kSwizzleCols,
+                        head, m0, b);
         }
-        if (kv_ids != nullptr) {
-          int lo = v[0], hi = v[0];
+        const int32_t* kv_ids = a.mask.q_segment_ids != nullptr
+                                    ? a.mask.kv_segment_ids + int64_t(b) * sh.seqlen_k
+                                    : nullptr;
+        // The ids are loaded one tile ahead, so their latency hides behind
+        // the wait for a free stage.
+        int v[kBN / kWarpSize];
+        auto load_tile_ids = [&](int nt) {
 #pragma unroll
-          for (int k = 0; k < kBN / kWarpSize; ++k) {
-            st_shared_b32(ids_vec(s) + 4 * (tid + kWarpSize * k), v[k]);
-            lo = min(lo, v[k]);
-            hi = max(hi, v[k]);
-          }
-          lo = warp_min(lo);
-          hi = warp_max(hi);
+          for (int k = 0; k < kBN / kWarpSize; ++k)
+            v[k] = __ldg(kv_ids + min(nt * kBN + tid + kWarpSize * k, sh.seqlen_k - 1));
+        };
+        if (kv_ids != nullptr) load_tile_ids(t_begin);
+        for (int nt = t_begin; nt < t_end; ++nt, ++it) {
+          const int s = ring.stage(it);
+          ring.wait_free(it);
           if (tid == 0) {
-            st_shared_b32(ids_vec(s) + 4 * kBN, lo);
-            st_shared_b32(ids_vec(s) + 4 * kBN + 4, hi);
+            mbar_arrive_expect_tx(ring.full(s),
+                                  Cfg::kStageBytes + (kFeat == kBias ? bias_tile_bytes : 0));
+#pragma unroll
+            for (int cb = 0; cb < kCB; ++cb) {
+              tma_load_4d(k_tile(s) + cb * col_block_bytes<kBN>(), &p.k_map, ring.full(s),
+                          cb * kSwizzleCols, kv_head, nt * kBN, b);
+              tma_load_4d(v_tile(s) + cb * col_block_bytes<kBN>(), &p.v_map, ring.full(s),
+                          cb * kSwizzleCols, kv_head, nt * kBN, b);
+            }
+            if constexpr (kFeat == kBias) {
+              // Rows m0.. x keys nt kBN.., in 128-byte column blocks; rows
+              // and keys past the ends read as zero (and are masked).
+              const int block_keys = a.scores.bias_f32 ? 32 : 64;
+              const int bn = a.scores.bias_stride_n ? head : 0, bb = a.scores.bias_stride_b ? b : 0;
+              for (int cb = 0; cb < kBN / block_keys; ++cb)
+                tma_load_4d(bias_tile(s) + cb * kBM * kSwizzleRowBytes, &p.bias_map, ring.full(s),
+                            nt * kBN + cb * block_keys, m0, bn, bb);
+            }
           }
-          if (nt + 1 < t_end) load_tile_ids(nt + 1);
+          if (kv_ids != nullptr) {
+            int lo = v[0], hi = v[0];
+#pragma unroll
+            for (int k = 0; k < kBN / kWarpSize; ++k) {
+              st_shared_b32(ids_vec(s) + 4 * (tid + kWarpSize * k), v[k]);
+              lo = min(lo, v[k]);
+              hi = max(hi, v[k]);
+            }
+            lo = warp_min(lo);
+            hi = warp_max(hi);
+            if (tid == 0) {
+              st_shared_b32(ids_vec(s) + 4 * kBN, lo);
+              st_shared_b32(ids_vec(s) + 4 * kBN + 4, hi);
+            }
+            if (nt + 1 < t_end) load_tile_ids(nt + 1);
+          }
+          mbar_arrive(ring.full(s));
         }
-        mbar_arrive(ring.full(s));
-      }
       }
     }
     return;
@@ -332,350 +332,350 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   int it0 = 0, n = 0;  // ring uses before this work item; items done
   for (int idx = blockIdx.x; idx < p.items; idx += gridDim.x, ++n) {
-  const Work wk = work_at(idx);
-  const int m0 = wk.m0, head = wk.head, b = wk.b, rows_valid = wk.rows_valid;
-  const int t_begin = wk.t_begin, t_end = wk.t_end;
-  const SeqLens lens = wk.lens;
-  float o[1][kD / 8][4];
-  float row_max[1][2] = {{-INFINITY, -INFINITY}}, row_sum[1][2] = {{0.f, 0.f}};
+    const Work wk = work_at(idx);
+    const int m0 = wk.m0, head = wk.head, b = wk.b, rows_valid = wk.rows_valid;
+    const int t_begin = wk.t_begin, t_end = wk.t_end;
+    const SeqLens lens = wk.lens;
+    float o[1][kD / 8][4];
+    float row_max[1][2] = {{-INFINITY, -INFINITY}}, row_sum[1][2] = {{0.f, 0.f}};
 #pragma unroll
-  for (int j = 0; j < kD / 8; ++j)
+    for (int j = 0; j < kD / 8; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) o[0][j][e] = 0.f;
-  const float scale_log2 = a.scale * kLog2e;
-  // As in the portable kernel: the exponent folds the scale in and needs it
-  // > 0; a zero or negative scale is applied to the raw scores instead.
-  const bool prescale = scale_log2 <= 0.f;
-  // kScores and up: a soft cap or bias needs the logits themselves, so the scores
-  // become x log2(e) (x the final logit) and the exponent's scale is 1, as
-  // when prescaling.
-  bool transform = prescale;
-  if constexpr (kFeat >= kScores) transform |= a.scores.softcap > 0.f || a.scores.bias != nullptr;
-  const float softmax_scale = transform ? 1.f : scale_log2;
+      for (int e = 0; e < 4; ++e) o[0][j][e] = 0.f;
+    const float scale_log2 = a.scale * kLog2e;
+    // As in the portable kernel: the exponent folds the scale in and needs it
+    // > 0; a zero or negative scale is applied to the raw scores instead.
+    const bool prescale = scale_log2 <= 0.f;
+    // kScores and up: a soft cap or bias needs the logits themselves, so the scores
+    // become x log2(e) (x the final logit) and the exponent's scale is 1, as
+    // when prescaling.
+    bool transform = prescale;
+    if constexpr (kFeat >= kScores) transform |= a.scores.softcap > 0.f || a.scores.bias != nullptr;
+    const float softmax_scale = transform ? 1.f : scale_log2;
 
-  // Segment ids of this thread's two rows (rows past T read row T - 1:
-  // their output is dropped) and the warp's id range, held for the whole
-  // CTA; the keys' ids come through the ring (ids_vec).
-  [[maybe_unused]] int row_id[2] = {0, 0};
-  [[maybe_unused]] int row_id_lo = 0, row_id_hi = 0;
-  if constexpr (kFeat != kPlain) {
-    if (a.mask.q_segment_ids != nullptr) {
-      const int32_t* q_ids = a.mask.q_segment_ids + int64_t(b) * sh.seqlen_q;
+    // Segment ids of this thread's two rows (rows past T read row T - 1:
+    // their output is dropped) and the warp's id range, held for the whole
+    // CTA; the keys' ids come through the ring (ids_vec).
+    [[maybe_unused]] int row_id[2] = {0, 0};
+    [[maybe_unused]] int row_id_lo = 0, row_id_hi = 0;
+    if constexpr (kFeat != kPlain) {
+      if (a.mask.q_segment_ids != nullptr) {
+        const int32_t* q_ids = a.mask.q_segment_ids + int64_t(b) * sh.seqlen_q;
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-        row_id[h] = __ldg(q_ids + min(m0 + thread_row0 + 8 * h, sh.seqlen_q - 1));
-      row_id_lo = warp_min(min(row_id[0], row_id[1]));
-      row_id_hi = warp_max(max(row_id[0], row_id[1]));
-    }
-  }
-
-  // S = Q K^T for key tile nt (ring step it) into sc, scaled and masked.
-  float sc[1][kBN / 8][4];
-  auto issue_scores = [&](int it) {
-    const int s = ring.stage(it0 + it);
-    wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < kD / kWgmmaK; ++k) {
-      const int cb = k / 4, kb = (k % 4) * kWgmmaK * 2;
-      const uint64_t qd = smem_desc(q_sa + cb * col_block_bytes<kBM>() + wg_row0 * kSwizzleRowBytes + kb, 0);
-      const uint64_t kd = smem_desc(k_tile(s) + cb * col_block_bytes<kBN>() + kb, 0);
-      wgmma_ss<kDt, kBN>(sc[0], qd, kd, k > 0);
-    }
-    wgmma_commit();
-  };
-  // Feature instances: the logit transform and the per-element masks of
-  // tile nt. Fragment element sc[0][j][2 h + e] is row m0 + thread_row0 + 8 h,
-  // key nt * kBN + 8 j + 2 t + e.
-  [[maybe_unused]] auto feature_scores = [&](int nt) {
-    const int n0 = nt * kBN;
-    const uint32_t ids = ids_vec(ring.stage(it0 + nt - t_begin));
-    int cover = kSegAllVisible;
-    if (a.mask.q_segment_ids != nullptr) {
-      int2 range;
-      asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n"
-                   : "=r"(range.x), "=r"(range.y)
-                   : "r"(ids + 4 * kBN));
-      cover = segment_cover(row_id_lo, row_id_hi, range.x, range.y);
-    }
-    if (transform) {
-      float cap = 0.f, inv_cap = 0.f;
-      const void* bias = nullptr;
-      bool f32 = false;
-      if constexpr (kFeat >= kScores) {
-        cap = a.scores.softcap;
-        inv_cap = cap > 0.f ? 1.f / cap : 0.f;
-        bias = a.scores.bias;
-        f32 = a.scores.bias_f32;
+        for (int h = 0; h < 2; ++h)
+          row_id[h] = __ldg(q_ids + min(m0 + thread_row0 + 8 * h, sh.seqlen_q - 1));
+        row_id_lo = warp_min(min(row_id[0], row_id[1]));
+        row_id_hi = warp_max(max(row_id[0], row_id[1]));
       }
-      if constexpr (kFeat == kBias) {
-        // From the stage's tile: key pairs 8 j + 2 t + {0, 1} in one
-        // conflict-free shared load.
-        const uint32_t tile = bias_tile(ring.stage(it0 + nt - t_begin));
+    }
+
+    // S = Q K^T for key tile nt (ring step it) into sc, scaled and masked.
+    float sc[1][kBN / 8][4];
+    auto issue_scores = [&](int it) {
+      const int s = ring.stage(it0 + it);
+      wgmma_fence();
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = thread_row0 + 8 * h;
+      for (int k = 0; k < kD / kWgmmaK; ++k) {
+        const int cb = k / 4, kb = (k % 4) * kWgmmaK * 2;
+        const uint64_t qd = smem_desc(q_sa + cb * col_block_bytes<kBM>() + wg_row0 * kSwizzleRowBytes + kb, 0);
+        const uint64_t kd = smem_desc(k_tile(s) + cb * col_block_bytes<kBN>() + kb, 0);
+        wgmma_ss<kDt, kBN>(sc[0], qd, kd, k > 0);
+      }
+      wgmma_commit();
+    };
+    // Feature instances: the logit transform and the per-element masks of
+    // tile nt. Fragment element sc[0][j][2 h + e] is row m0 + thread_row0 + 8 h,
+    // key nt * kBN + 8 j + 2 t + e.
+    [[maybe_unused]] auto feature_scores = [&](int nt) {
+      const int n0 = nt * kBN;
+      const uint32_t ids = ids_vec(ring.stage(it0 + nt - t_begin));
+      int cover = kSegAllVisible;
+      if (a.mask.q_segment_ids != nullptr) {
+        int2 range;
+        asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n"
+                     : "=r"(range.x), "=r"(range.y)
+                     : "r"(ids + 4 * kBN));
+        cover = segment_cover(row_id_lo, row_id_hi, range.x, range.y);
+      }
+      if (transform) {
+        float cap = 0.f, inv_cap = 0.f;
+        const void* bias = nullptr;
+        bool f32 = false;
+        if constexpr (kFeat >= kScores) {
+          cap = a.scores.softcap;
+          inv_cap = cap > 0.f ? 1.f / cap : 0.f;
+          bias = a.scores.bias;
+          f32 = a.scores.bias_f32;
+        }
+        if constexpr (kFeat == kBias) {
+          // From the stage's tile: key pairs 8 j + 2 t + {0, 1} in one
+          // conflict-free shared load.
+          const uint32_t tile = bias_tile(ring.stage(it0 + nt - t_begin));
 #pragma unroll
-          for (int j = 0; j < kBN / 8; ++j) {
-            const uint32_t at = bias_tile_addr(tile, kBM, f32, r, 8 * j + 2 * t);
-            float2 bv;
-            if (f32) {
-              asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(bv.x), "=f"(bv.y) : "r"(at));
-            } else {
-              uint32_t w;
-              asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(w) : "r"(at));
-              bv = unpack2<kDt>(w);
+          for (int h = 0; h < 2; ++h) {
+            const int r = thread_row0 + 8 * h;
+#pragma unroll
+            for (int j = 0; j < kBN / 8; ++j) {
+              const uint32_t at = bias_tile_addr(tile, kBM, f32, r, 8 * j + 2 * t);
+              float2 bv;
+              if (f32) {
+                asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(bv.x), "=f"(bv.y) : "r"(at));
+              } else {
+                uint32_t w;
+                asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(w) : "r"(at));
+                bv = unpack2<kDt>(w);
+              }
+              sc[0][j][2 * h] = (capped_logit(sc[0][j][2 * h], a.scale, cap, inv_cap) + bv.x) * kLog2e;
+              sc[0][j][2 * h + 1] =
+                  (capped_logit(sc[0][j][2 * h + 1], a.scale, cap, inv_cap) + bv.y) * kLog2e;
             }
-            sc[0][j][2 * h] = (capped_logit(sc[0][j][2 * h], a.scale, cap, inv_cap) + bv.x) * kLog2e;
-            sc[0][j][2 * h + 1] =
-                (capped_logit(sc[0][j][2 * h + 1], a.scale, cap, inv_cap) + bv.y) * kLog2e;
+          }
+        } else if (bias != nullptr) {
+          // Key pairs 8 j + 2 t + {0, 1} in one load when aligned (keys past
+          // S read the last pair: they are hidden by the length mask).
+          const bool pairs = bias_pairs_aligned(a.scores, sh.seqlen_k);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int r = min(m0 + thread_row0 + 8 * h, sh.seqlen_q - 1);
+            const long long row_at = b * a.scores.bias_stride_b + head * a.scores.bias_stride_n +
+                                     static_cast<long long>(r) * sh.seqlen_k;
+#pragma unroll
+            for (int j = 0; j < kBN / 8; ++j) {
+              const int key = n0 + 8 * j + 2 * t;
+              float2 bv;
+              if (pairs) {
+                bv = bias_pair<kDt>(bias, f32, row_at + min(key, sh.seqlen_k - 2));
+              } else {
+                bv.x = bias_at<kDt>(bias, f32, row_at + min(key, sh.seqlen_k - 1));
+                bv.y = bias_at<kDt>(bias, f32, row_at + min(key + 1, sh.seqlen_k - 1));
+              }
+              sc[0][j][2 * h] = (capped_logit(sc[0][j][2 * h], a.scale, cap, inv_cap) + bv.x) * kLog2e;
+              sc[0][j][2 * h + 1] =
+                  (capped_logit(sc[0][j][2 * h + 1], a.scale, cap, inv_cap) + bv.y) * kLog2e;
+            }
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < kBN / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              sc[0][j][e] = capped_logit(sc[0][j][e], a.scale, cap, inv_cap) * kLog2e;
+        }
+      }
+      // Segment ids and the boolean mask as visibility bits (bit 2 j + e of
+      // vis[h]), applied in one pass. A warp whose rows share no segment with
+      // the tile (rare: tiles come from segment_key_range) takes the same
+      // path with nothing visible: an early-out there costs the overlapped
+      // loop spills. The bit loops stay rolled, so the compiler cannot hoist
+      // all their loads and shuffles at once.
+      const bool has_mask = a.mask.mask != nullptr;
+      if (cover != kSegAllVisible || has_mask) {
+        uint32_t vis[2] = {0u, 0u};
+        if (cover == kSegMixed) {
+#pragma unroll 1
+          for (int j = 0; j < kBN / 8; ++j) {
+            int2 id;
+            asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n"
+                         : "=r"(id.x), "=r"(id.y)
+                         : "r"(ids + 4 * (8 * j + 2 * t)));
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+              vis[h] |= (uint32_t(id.x == row_id[h]) | uint32_t(id.y == row_id[h]) << 1) << (2 * j);
+          }
+        } else if (cover == kSegAllVisible) {
+          vis[0] = vis[1] = ~0u;
+        }
+        if (has_mask) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int r = min(m0 + thread_row0 + 8 * h, sh.seqlen_q - 1);
+            const uint8_t* mrow = a.mask.mask + b * a.mask.mask_stride_b +
+                                  head * a.mask.mask_stride_n + static_cast<long long>(r) * sh.seqlen_k;
+            uint32_t bits = 0u;
+#pragma unroll 1
+            for (int j = 0; j < kBN / 8; ++j)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int key = min(n0 + 8 * j + 2 * t + e, sh.seqlen_k - 1);
+                bits |= uint32_t(__ldg(mrow + key) != 0) << (2 * j + e);
+              }
+            vis[h] &= bits;
           }
         }
-      } else if (bias != nullptr) {
-        // Key pairs 8 j + 2 t + {0, 1} in one load when aligned (keys past
-        // S read the last pair: they are hidden by the length mask).
-        const bool pairs = bias_pairs_aligned(a.scores, sh.seqlen_k);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = min(m0 + thread_row0 + 8 * h, sh.seqlen_q - 1);
-          const long long row_at = b * a.scores.bias_stride_b + head * a.scores.bias_stride_n +
-                                   static_cast<long long>(r) * sh.seqlen_k;
-#pragma unroll
-          for (int j = 0; j < kBN / 8; ++j) {
-            const int key = n0 + 8 * j + 2 * t;
-            float2 bv;
-            if (pairs) {
-              bv = bias_pair<kDt>(bias, f32, row_at + min(key, sh.seqlen_k - 2));
-            } else {
-              bv.x = bias_at<kDt>(bias, f32, row_at + min(key, sh.seqlen_k - 1));
-              bv.y = bias_at<kDt>(bias, f32, row_at + min(key + 1, sh.seqlen_k - 1));
-            }
-            sc[0][j][2 * h] = (capped_logit(sc[0][j][2 * h], a.scale, cap, inv_cap) + bv.x) * kLog2e;
-            sc[0][j][2 * h + 1] =
-                (capped_logit(sc[0][j][2 * h + 1], a.scale, cap, inv_cap) + bv.y) * kLog2e;
-          }
-        }
-      } else {
 #pragma unroll
         for (int j = 0; j < kBN / 8; ++j)
 #pragma unroll
-          for (int e = 0; e < 4; ++e)
-            sc[0][j][e] = capped_logit(sc[0][j][e], a.scale, cap, inv_cap) * kLog2e;
+          for (int e = 0; e < 2; ++e)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+              if (!((vis[h] >> (2 * j + e)) & 1u)) sc[0][j][2 * h + e] = -INFINITY;
       }
-    }
-    // Segment ids and the boolean mask as visibility bits (bit 2 j + e of
-    // vis[h]), applied in one pass. A warp whose rows share no segment with
-    // the tile (rare: tiles come from segment_key_range) takes the same
-    // path with nothing visible: an early-out there costs the overlapped
-    // loop spills. The bit loops stay rolled, so the compiler cannot hoist
-    // all their loads and shuffles at once.
-    const bool has_mask = a.mask.mask != nullptr;
-    if (cover != kSegAllVisible || has_mask) {
-      uint32_t vis[2] = {0u, 0u};
-      if (cover == kSegMixed) {
-#pragma unroll 1
+    };
+    auto mask_scores = [&](int nt) {  // after the product's wgmma_wait
+      fence_operands(sc[0]);
+      const int n0 = nt * kBN;
+      if constexpr (kFeat != kPlain) {
+        feature_scores(nt);
+      } else if (prescale) {
+#pragma unroll
+        for (int j = 0; j < kBN / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sc[0][j][e] *= scale_log2;
+      }
+      if (tile_is_partial(a.mask, m0 + wg_row0, m0 + wg_row0 + kWgmmaM - 1, n0, n0 + kBN - 1,
+                          lens.kv_len))
+        mask_slab(sc[0], a.mask, m0 + thread_row0, n0, t, lens.kv_len);
+    };
+    // O += P V for ring step it, P (16-bit) from registers.
+    uint32_t pa[kBN / 16][4];
+    auto issue_pv = [&](int it) {
+      const int s = ring.stage(it0 + it);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBN / kWgmmaK; ++kk) {
+        const uint64_t vd = smem_desc(v_tile(s) + kk * kWgmmaK * kSwizzleRowBytes, col_block_bytes<kBN>());
+        wgmma_rs<kDt, kD>(o[0], pa[kk], vd);
+      }
+      wgmma_commit();
+    };
+    auto pack_probs = [&] {
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk) acc_to_a<kDt>(pa[kk], sc[0][2 * kk], sc[0][2 * kk + 1]);
+    };
+
+    auto release = [&](int it) {
+      if (kFeat != kPlain || lane == 0) mbar_arrive(ring.empty(ring.stage(it0 + it)));
+    };
+
+    // kDropout: zero the dropped probabilities of tile nt (after the row sums
+    // took them: the softmax is that of all keys); the epilogue scales by
+    // 1 / (1 - rate). Keys 4 j4 .. + 3 of a row share a Philox block; this
+    // thread's pair 8 j + 2 t + {0, 1} of row h is words 2 (t % 2) + {0, 1}
+    // of block (row h, (nt kBN + 8 j) / 4 + t / 2). The quad needs four
+    // blocks per j: lane t computes the one of row t % 2 and swaps halves
+    // with lane t ^ 1, which needs the same block's other words.
+    [[maybe_unused]] auto drop_probs = [&](int nt) {
+      if constexpr (kFeat == kDropout) {
+        const uint32_t key[2] = {a.scores.dropout_key[0], a.scores.dropout_key[1]};
+        const uint32_t rb = a.scores.dropout_broadcast ? 0 : b;
+        const uint32_t rn = a.scores.dropout_broadcast ? 0 : head;
+        const uint32_t thr = a.scores.dropout_threshold;
+        const bool odd = t & 1;
+        const uint32_t i = m0 + thread_row0 + 8 * odd;  // this lane's block row
+#pragma unroll
         for (int j = 0; j < kBN / 8; ++j) {
-          int2 id;
-          asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n"
-                       : "=r"(id.x), "=r"(id.y)
-                       : "r"(ids + 4 * (8 * j + 2 * t)));
+          const Philox4 w = dropout_block(key, rb, rn, i, (nt * kBN + 8 * j) / 4 + (t >> 1));
+          // Own words 2 (t % 2) + {0, 1} serve row t % 2; the partner's
+          // block, same words, serves the other row.
+          const uint32_t own0 = odd ? w.x[2] : w.x[0], own1 = odd ? w.x[3] : w.x[1];
+          const uint32_t give0 = odd ? w.x[0] : w.x[2], give1 = odd ? w.x[1] : w.x[3];
+          const uint32_t got0 = __shfl_xor_sync(0xffffffffu, give0, 1);
+          const uint32_t got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
 #pragma unroll
-          for (int h = 0; h < 2; ++h)
-            vis[h] |= (uint32_t(id.x == row_id[h]) | uint32_t(id.y == row_id[h]) << 1) << (2 * j);
-        }
-      } else if (cover == kSegAllVisible) {
-        vis[0] = vis[1] = ~0u;
-      }
-      if (has_mask) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = min(m0 + thread_row0 + 8 * h, sh.seqlen_q - 1);
-          const uint8_t* mrow = a.mask.mask + b * a.mask.mask_stride_b +
-                                head * a.mask.mask_stride_n + static_cast<long long>(r) * sh.seqlen_k;
-          uint32_t bits = 0u;
-#pragma unroll 1
-          for (int j = 0; j < kBN / 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int key = min(n0 + 8 * j + 2 * t + e, sh.seqlen_k - 1);
-              bits |= uint32_t(__ldg(mrow + key) != 0) << (2 * j + e);
-            }
-          vis[h] &= bits;
+          for (int h = 0; h < 2; ++h) {
+            const bool mine = h == int(odd);
+            if ((mine ? own0 : got0) < thr) sc[0][j][2 * h] = 0.f;
+            if ((mine ? own1 : got1) < thr) sc[0][j][2 * h + 1] = 0.f;
+          }
         }
       }
-#pragma unroll
-      for (int j = 0; j < kBN / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-            if (!((vis[h] >> (2 * j + e)) & 1u)) sc[0][j][2 * h + e] = -INFINITY;
-    }
-  };
-  auto mask_scores = [&](int nt) {  // after the product's wgmma_wait
-    fence_operands(sc[0]);
-    const int n0 = nt * kBN;
-    if constexpr (kFeat != kPlain) {
-      feature_scores(nt);
-    } else if (prescale) {
-#pragma unroll
-      for (int j = 0; j < kBN / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sc[0][j][e] *= scale_log2;
-    }
-    if (tile_is_partial(a.mask, m0 + wg_row0, m0 + wg_row0 + kWgmmaM - 1, n0, n0 + kBN - 1,
-                        lens.kv_len))
-      mask_slab(sc[0], a.mask, m0 + thread_row0, n0, t, lens.kv_len);
-  };
-  // O += P V for ring step it, P (16-bit) from registers.
-  uint32_t pa[kBN / 16][4];
-  auto issue_pv = [&](int it) {
-    const int s = ring.stage(it0 + it);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBN / kWgmmaK; ++kk) {
-      const uint64_t vd = smem_desc(v_tile(s) + kk * kWgmmaK * kSwizzleRowBytes, col_block_bytes<kBN>());
-      wgmma_rs<kDt, kD>(o[0], pa[kk], vd);
-    }
-    wgmma_commit();
-  };
-  auto pack_probs = [&] {
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) acc_to_a<kDt>(pa[kk], sc[0][2 * kk], sc[0][2 * kk + 1]);
-  };
-
-  auto release = [&](int it) {
-    if (kFeat != kPlain || lane == 0) mbar_arrive(ring.empty(ring.stage(it0 + it)));
-  };
-
-  // kDropout: zero the dropped probabilities of tile nt (after the row sums
-  // took them: the softmax is that of all keys); the epilogue scales by
-  // 1 / (1 - rate). Keys 4 j4 .. + 3 of a row share a Philox block; this
-  // thread's pair 8 j + 2 t + {0, 1} of row h is words 2 (t % 2) + {0, 1}
-  // of block (row h, (nt kBN + 8 j) / 4 + t / 2). The quad needs four
-  // blocks per j: lane t computes the one of row t % 2 and swaps halves
-  // with lane t ^ 1, which needs the same block's other words.
-  [[maybe_unused]] auto drop_probs = [&](int nt) {
-    if constexpr (kFeat == kDropout) {
-      const uint32_t key[2] = {a.scores.dropout_key[0], a.scores.dropout_key[1]};
-      const uint32_t rb = a.scores.dropout_broadcast ? 0 : b;
-      const uint32_t rn = a.scores.dropout_broadcast ? 0 : head;
-      const uint32_t thr = a.scores.dropout_threshold;
-      const bool odd = t & 1;
-      const uint32_t i = m0 + thread_row0 + 8 * odd;  // this lane's block row
-#pragma unroll
-      for (int j = 0; j < kBN / 8; ++j) {
-        const Philox4 w = dropout_block(key, rb, rn, i, (nt * kBN + 8 * j) / 4 + (t >> 1));
-        // Own words 2 (t % 2) + {0, 1} serve row t % 2; the partner's
-        // block, same words, serves the other row.
-        const uint32_t own0 = odd ? w.x[2] : w.x[0], own1 = odd ? w.x[3] : w.x[1];
-        const uint32_t give0 = odd ? w.x[0] : w.x[2], give1 = odd ? w.x[1] : w.x[3];
-        const uint32_t got0 = __shfl_xor_sync(0xffffffffu, give0, 1);
-        const uint32_t got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const bool mine = h == int(odd);
-          if ((mine ? own0 : got0) < thr) sc[0][j][2 * h] = 0.f;
-          if ((mine ? own1 : got1) < thr) sc[0][j][2 * h + 1] = 0.f;
-        }
+    };
+    mbar_wait(ring.once(), n & 1);
+    const int n_tiles = t_end - t_begin;
+    if constexpr (!Cfg::kOverlap) {
+      for (int it = 0; it < n_tiles; ++it) {
+        ring.wait_full(it0 + it);
+        issue_scores(it);
+        wgmma_wait<0>();
+        mask_scores(t_begin + it);
+        float corr[1][2];
+        if (online_softmax_step(sc, row_max, row_sum, corr, softmax_scale)) rescale_rows(o, corr);
+        drop_probs(t_begin + it);
+        pack_probs();
+        issue_pv(it);
+        wgmma_wait<0>();
+        fence_operands(o[0]);
+        release(it);
       }
     }
-  };
-  mbar_wait(ring.once(), n & 1);
-  const int n_tiles = t_end - t_begin;
-  if constexpr (!Cfg::kOverlap) {
-    for (int it = 0; it < n_tiles; ++it) {
+    // Software-pipelined within the warpgroup: tile it's scores are computed
+    // while tile it - 1's P V runs, and their softmax (the exponentials) runs
+    // under that product too; O is rescaled only once P V has landed.
+    if (Cfg::kOverlap && n_tiles > 0) {
+      ring.wait_full(it0);
+      issue_scores(0);
+      wgmma_wait<0>();
+      mask_scores(t_begin);
+      float corr[1][2];
+      online_softmax_step(sc, row_max, row_sum, corr, softmax_scale);  // O is still 0
+      drop_probs(t_begin);
+      pack_probs();
+    }
+    for (int it = 1; Cfg::kOverlap && it < n_tiles; ++it) {
       ring.wait_full(it0 + it);
       issue_scores(it);
-      wgmma_wait<0>();
+      issue_pv(it - 1);
+      wgmma_wait<1>();
       mask_scores(t_begin + it);
       float corr[1][2];
-      if (online_softmax_step(sc, row_max, row_sum, corr, softmax_scale)) rescale_rows(o, corr);
+      const bool rescale = online_softmax_step(sc, row_max, row_sum, corr, softmax_scale);
       drop_probs(t_begin + it);
-      pack_probs();
-      issue_pv(it);
       wgmma_wait<0>();
       fence_operands(o[0]);
-      release(it);
+      release(it - 1);
+      if (rescale) rescale_rows(o, corr);
+      pack_probs();
     }
-  }
-  // Software-pipelined within the warpgroup: tile it's scores are computed
-  // while tile it - 1's P V runs, and their softmax (the exponentials) runs
-  // under that product too; O is rescaled only once P V has landed.
-  if (Cfg::kOverlap && n_tiles > 0) {
-    ring.wait_full(it0);
-    issue_scores(0);
-    wgmma_wait<0>();
-    mask_scores(t_begin);
-    float corr[1][2];
-    online_softmax_step(sc, row_max, row_sum, corr, softmax_scale);  // O is still 0
-    drop_probs(t_begin);
-    pack_probs();
-  }
-  for (int it = 1; Cfg::kOverlap && it < n_tiles; ++it) {
-    ring.wait_full(it0 + it);
-    issue_scores(it);
-    issue_pv(it - 1);
-    wgmma_wait<1>();
-    mask_scores(t_begin + it);
-    float corr[1][2];
-    const bool rescale = online_softmax_step(sc, row_max, row_sum, corr, softmax_scale);
-    drop_probs(t_begin + it);
-    wgmma_wait<0>();
-    fence_operands(o[0]);
-    release(it - 1);
-    if (rescale) rescale_rows(o, corr);
-    pack_probs();
-  }
-  if (Cfg::kOverlap && n_tiles > 0) {
-    issue_pv(n_tiles - 1);
-    wgmma_wait<0>();
-    fence_operands(o[0]);
-    release(n_tiles - 1);
-  }
+    if (Cfg::kOverlap && n_tiles > 0) {
+      issue_pv(n_tiles - 1);
+      wgmma_wait<0>();
+      fence_operands(o[0]);
+      release(n_tiles - 1);
+    }
 
-  // Epilogue: normalize, write the logsumexp, stage O (16-bit, swizzled)
-  // over this warpgroup's rows of the Q tile, then one thread stores it and,
-  // once the store has read them, releases the Q tile.
-  const int rows_out = min(kBM, sh.seqlen_q - m0);
-  float* lse = a.lse + (int64_t(b) * sh.num_heads + head) * sh.seqlen_q + m0;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = thread_row0 + 8 * h;
-    const float sum = quad_sum(row_sum[0][h]);
-    const bool seen = sum > 0.f && r < rows_valid;
-    float inv = seen ? 1.f / sum : 0.f;
-    if constexpr (kFeat == kDropout) inv *= a.scores.dropout_keep_scale;
-#pragma unroll
-    for (int j = 0; j < kD / 8; ++j) {
-      o[0][j][2 * h] *= inv;
-      o[0][j][2 * h + 1] *= inv;
-    }
-    if (t == 0 && r < rows_out)
-      lse[r] = seen ? (row_max[0][h] + __log2f(sum)) * kLn2 : -INFINITY;
-  }
-#pragma unroll
-  for (int j = 0; j < kD / 8; ++j) {
-    const int cb = j / 8, chunk = j % 8;
+    // Epilogue: normalize, write the logsumexp, stage O (16-bit, swizzled)
+    // over this warpgroup's rows of the Q tile, then one thread stores it and,
+    // once the store has read them, releases the Q tile.
+    const int rows_out = min(kBM, sh.seqlen_q - m0);
+    float* lse = a.lse + (int64_t(b) * sh.num_heads + head) * sh.seqlen_q + m0;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = thread_row0 + 8 * h;
-      const uint32_t v = pack2<kDt>(o[0][j][2 * h], o[0][j][2 * h + 1]);
-      st_shared_b32(q_sa + cb * col_block_bytes<kBM>() + swizzled_offset(r, chunk) + 4 * t, v);
-    }
-  }
-  fence_proxy_async();
-  named_barrier_sync(1 + c, kWarpgroupThreads);
-  if (ct == 0) {
-    if (wg_row0 < rows_out) {
+      const float sum = quad_sum(row_sum[0][h]);
+      const bool seen = sum > 0.f && r < rows_valid;
+      float inv = seen ? 1.f / sum : 0.f;
+      if constexpr (kFeat == kDropout) inv *= a.scores.dropout_keep_scale;
 #pragma unroll
-      for (int cb = 0; cb < kCB; ++cb)
-        tma_store_4d(&p.o_map, q_sa + cb * col_block_bytes<kBM>() + wg_row0 * kSwizzleRowBytes,
-                     cb * kSwizzleCols, head, m0 + wg_row0, b);
-      tma_store_commit_and_wait();
+      for (int j = 0; j < kD / 8; ++j) {
+        o[0][j][2 * h] *= inv;
+        o[0][j][2 * h + 1] *= inv;
+      }
+      if (t == 0 && r < rows_out)
+        lse[r] = seen ? (row_max[0][h] + __log2f(sum)) * kLn2 : -INFINITY;
     }
-    mbar_arrive(q_empty);
-  }
-  it0 += t_end - t_begin;
+#pragma unroll
+    for (int j = 0; j < kD / 8; ++j) {
+      const int cb = j / 8, chunk = j % 8;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = thread_row0 + 8 * h;
+        const uint32_t v = pack2<kDt>(o[0][j][2 * h], o[0][j][2 * h + 1]);
+        st_shared_b32(q_sa + cb * col_block_bytes<kBM>() + swizzled_offset(r, chunk) + 4 * t, v);
+      }
+    }
+    fence_proxy_async();
+    named_barrier_sync(1 + c, kWarpgroupThreads);
+    if (ct == 0) {
+      if (wg_row0 < rows_out) {
+#pragma unroll
+        for (int cb = 0; cb < kCB; ++cb)
+          tma_store_4d(&p.o_map, q_sa + cb * col_block_bytes<kBM>() + wg_row0 * kSwizzleRowBytes,
+                       cb * kSwizzleCols, head, m0 + wg_row0, b);
+        tma_store_commit_and_wait();
+      }
+      mbar_arrive(q_empty);
+    }
+    it0 += t_end - t_begin;
   }
 #endif  // JAXCRAFT_SM90A_ENABLED
 }
