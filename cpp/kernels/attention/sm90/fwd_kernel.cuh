@@ -62,10 +62,10 @@ struct FwdConfig {
   static constexpr int kSmemBytes =
       kSwizzleAtomBytes + kQBytes + kStages * kStageBytes + kBarrierBytes;
   // setmaxnreg: the producer only issues copies (with two consumers 40: its
-  // work-item loop spilled at 24 in the feature instances; three leave it
-  // 32, where the mask instance spills 44 bytes: the consumers measured 3-6%
-  // slower with 152); the consumers hold S, O and P fragments. Totals stay
-  // within the SM's 64K registers.
+  // work-item loop spilled at 24 in the feature instances; with three the
+  // consumers keep their 160, and the producer's 32 leave the mask instance
+  // a 44-byte spill); the consumers hold S, O and P fragments. Totals stay within the
+  // SM's 64K registers.
   static constexpr int kProducerRegs = kConsumers == 2 ? 40 : 32;
   static constexpr int kConsumerRegs = kConsumers == 2 ? 232 : 160;
   static_assert(kHeadDim % kSwizzleCols == 0, "head dim is whole 64-column blocks");
