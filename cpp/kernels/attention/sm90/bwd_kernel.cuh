@@ -303,6 +303,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int wg_key0 = Cfg::kSplitD ? 0 : c * kWgmmaM;
   constexpr int kAcc = Cfg::kAccCols;
   const int acc_cb0 = Cfg::kSplitD ? c * (kAcc / kSwizzleCols) : 0;  // first column block of dK/dV
+  // B operand of dV += P^T dO and dK += dS^T Q (MN-major): rows kk kWgmmaK..
+  // of the stage's dO or Q tile, this warpgroup's dK/dV columns.
+  auto acc_b_desc = [&](uint32_t tile, int kk) {
+    return smem_desc(tile + acc_cb0 * col_block_bytes<kBM>() + kk * kWgmmaK * kSwizzleRowBytes,
+                     col_block_bytes<kBM>());
+  };
   const int thread_key0 = wg_key0 + w * 16 + g;  // tile rows of this thread: + 0 and + 8
   // S^T columns: queries [wg_q0, wg_q0 + kSN) of the step's tile; fragment
   // column j holds queries q_frag0 + 8 j (+ 1).
@@ -643,9 +649,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBM / kWgmmaK; ++kk)
-          wgmma_rs<kDt, kAcc>(dv, pa[kk],
-                              smem_desc(do_tile(s) + acc_cb0 * col_block_bytes<kBM>() +
-                                            kk * kWgmmaK * kSwizzleRowBytes, col_block_bytes<kBM>()));
+          wgmma_rs<kDt, kAcc>(dv, pa[kk], acc_b_desc(do_tile(s), kk));
         wgmma_commit();
       }
       if constexpr (!kFused) {
@@ -686,18 +690,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBM / kWgmmaK; ++kk)
-          wgmma_ss_nt<kDt, kAcc>(dv, smem_desc(p_buf + kk * 32, 0),
-                                 smem_desc(do_tile(s) + acc_cb0 * col_block_bytes<kBM>() +
-                                               kk * kWgmmaK * kSwizzleRowBytes,
-                                           col_block_bytes<kBM>()),
-                                 1);
+          wgmma_ss_nt<kDt, kAcc>(dv, smem_desc(p_buf + kk * 32, 0), acc_b_desc(do_tile(s), kk), 1);
 #pragma unroll
         for (int kk = 0; kk < kBM / kWgmmaK; ++kk)
-          wgmma_ss_nt<kDt, kAcc>(dk, smem_desc(ds_buf + kk * 32, 0),
-                                 smem_desc(q_tile(s) + acc_cb0 * col_block_bytes<kBM>() +
-                                               kk * kWgmmaK * kSwizzleRowBytes,
-                                           col_block_bytes<kBM>()),
-                                 1);
+          wgmma_ss_nt<kDt, kAcc>(dk, smem_desc(ds_buf + kk * 32, 0), acc_b_desc(q_tile(s), kk), 1);
         wgmma_commit();
       } else {
 #pragma unroll
@@ -710,9 +706,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBM / kWgmmaK; ++kk)
-          wgmma_rs<kDt, kAcc>(dk, dsa[kk],
-                              smem_desc(q_tile(s) + acc_cb0 * col_block_bytes<kBM>() +
-                                            kk * kWgmmaK * kSwizzleRowBytes, col_block_bytes<kBM>()));
+          wgmma_rs<kDt, kAcc>(dk, dsa[kk], acc_b_desc(q_tile(s), kk));
         wgmma_commit();
 
 #pragma unroll
