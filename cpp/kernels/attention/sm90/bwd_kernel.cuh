@@ -6,8 +6,10 @@
 // warpgroup (wgmma throughout):
 //   S^T = K Q^T, dP^T = V dO^T            (both operands in shared memory)
 //   P^T = exp2(S^T * scale log2 e - lse log2 e), masked
-//   dV += P^T dO, dS^T = P^T (dP^T - delta), dK += dS^T Q   (P, dS from registers)
-//   dQ += dS K  (dS^T staged in shared memory; fp32 red.add into dq_accum)
+//   dV += P^T dO, dS^T = P^T (dP^T - delta), dK += dS^T Q   (P, dS from registers;
+//                                                            kSplitD: shared memory)
+//   dQ += dS K  (dS^T staged in shared memory; fp32 into dq_accum by TMA
+//                bulk reduce-add, kDqTma, or red.add)
 // The deterministic path stays on the portable kernels. Segment ids, the
 // boolean mask, soft cap, bias and dropout run in separate instances of the
 // same kernel (kFeat, features.cuh); with soft cap or dropout, or a bias
