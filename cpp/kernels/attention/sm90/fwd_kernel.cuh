@@ -64,8 +64,8 @@ struct FwdConfig {
   // setmaxnreg: the producer only issues copies (with two consumers 40: its
   // work-item loop spilled at 24 in the feature instances; with three the
   // consumers keep their 160, and the producer's 32 leave the mask instance
-  // a 44-byte spill); the consumers hold S, O and P fragments. Totals stay within the
-  // SM's 64K registers.
+  // a 44-byte spill); the consumers hold S, O and P fragments. Totals stay
+  // within the SM's 64K registers.
   static constexpr int kProducerRegs = kConsumers == 2 ? 40 : 32;
   static constexpr int kConsumerRegs = kConsumers == 2 ? 232 : 160;
   static_assert(kHeadDim % kSwizzleCols == 0, "head dim is whole 64-column blocks");
@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   // Work items (query tile, head, batch element), highest query tiles first:
   // under a causal mask they have the most keys. This CTA takes items
-  // blockIdx.x, + gridDim.x, ... (one, unless kPersistent).
+  // blockIdx.x, + gridDim.x, ... (one, unless the launch is persistent).
   struct Work {
     int m0, head, b, kv_head, rows_valid, t_begin, t_end;
     SeqLens lens;
