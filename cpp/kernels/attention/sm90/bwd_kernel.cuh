@@ -249,15 +249,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             tma_load_4d(do_tile(s) + cb * col_block_bytes<kBM>(), &p.do_map, ring.full(s),
                         cb * kSwizzleCols, h, mt * kBM, b);
           }
-          if constexpr (kFeat == kBias) {
-            // Queries mt kBM.. x keys n0.., in 128-byte column blocks; past
-            // the ends reads zero (and is masked).
-            const int block_keys = a.scores.bias_f32 ? 32 : 64;
-            const int bn = a.scores.bias_stride_n ? h : 0, bb = a.scores.bias_stride_b ? b : 0;
-            for (int cb = 0; cb < kBN / block_keys; ++cb)
-              tma_load_4d(bias_tile(s) + cb * kBM * kSwizzleRowBytes, &p.bias_map, ring.full(s),
-                          n0 + cb * block_keys, mt * kBM, bn, bb);
-          }
+          if constexpr (kFeat == kBias)  // queries mt kBM.., keys n0..
+            load_bias_tile<kBM, kBN>(bias_tile(s), &p.bias_map, ring.full(s), a.scores, n0, mt * kBM,
+                                     h, b);
         }
         // Queries past q_len (or with no visible key: lse = -inf) get an
         // exponent offset of +inf, so their P, and with it their dS, is 0.

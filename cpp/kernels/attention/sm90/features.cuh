@@ -158,6 +158,23 @@ __device__ __forceinline__ uint32_t bias_tile_addr(uint32_t tile, int rows, bool
   return tile + blk * rows * kSwizzleRowBytes + swizzled_offset(r, in / 16) + in % 16;
 }
 
+#ifdef JAXCRAFT_SM90A_ENABLED
+// kBias instances: the bias tile of rows [row0, row0 + kRows) x keys [key0,
+// key0 + kKeys) of `head` and batch element `b` into `tile`, in 128-byte
+// column blocks, completing on `bar`; past the ends reads zero (the masks
+// hide those).
+template <int kRows, int kKeys>
+__device__ __forceinline__ void load_bias_tile(uint32_t tile, const CUtensorMap* map, uint32_t bar,
+                                               const ScoreArgs& sc, int key0, int row0, int head,
+                                               int b) {
+  const int block_keys = sc.bias_f32 ? 32 : 64;
+  const int bn = sc.bias_stride_n ? head : 0, bb = sc.bias_stride_b ? b : 0;
+  for (int cb = 0; cb < kKeys / block_keys; ++cb)
+    tma_load_4d(tile + cb * kRows * kSwizzleRowBytes, map, bar, key0 + cb * block_keys, row0, bn,
+                bb);
+}
+#endif  // JAXCRAFT_SM90A_ENABLED
+
 }  // namespace sm90
 }  // namespace attn
 }  // namespace jaxcraft

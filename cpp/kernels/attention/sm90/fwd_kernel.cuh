@@ -290,15 +290,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
               tma_load_4d(v_tile(s) + cb * col_block_bytes<kBN>(), &p.v_map, ring.full(s),
                           cb * kSwizzleCols, kv_head, nt * kBN, b);
             }
-            if constexpr (kFeat == kBias) {
-              // Rows m0.. x keys nt kBN.., in 128-byte column blocks; rows
-              // and keys past the ends read as zero (and are masked).
-              const int block_keys = a.scores.bias_f32 ? 32 : 64;
-              const int bn = a.scores.bias_stride_n ? head : 0, bb = a.scores.bias_stride_b ? b : 0;
-              for (int cb = 0; cb < kBN / block_keys; ++cb)
-                tma_load_4d(bias_tile(s) + cb * kBM * kSwizzleRowBytes, &p.bias_map, ring.full(s),
-                            nt * kBN + cb * block_keys, m0, bn, bb);
-            }
+            if constexpr (kFeat == kBias)  // rows m0.., keys nt kBN..
+              load_bias_tile<kBM, kBN>(bias_tile(s), &p.bias_map, ring.full(s), a.scores, nt * kBN,
+                                       m0, head, b);
           }
           if (kv_ids != nullptr) {
             int lo = v[0], hi = v[0];
