@@ -348,8 +348,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const float softmax_scale = transform ? 1.f : scale_log2;
 
     // Segment ids of this thread's two rows (rows past T read row T - 1:
-    // their output is dropped) and the warp's id range, held for the whole
-    // CTA; the keys' ids come through the ring (ids_vec).
+    // their output is dropped) and the warp's id range, held for the work
+    // item; the keys' ids come through the ring (ids_vec).
     [[maybe_unused]] int row_id[2] = {0, 0};
     [[maybe_unused]] int row_id_lo = 0, row_id_hi = 0;
     if constexpr (kFeat != kPlain) {
