@@ -43,14 +43,6 @@ bool try_bwd_sm90(const attn::BwdArgs& a, int bucket, cudaStream_t stream, cudaE
   });
 }
 
-int multiprocessor_count() {
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-    return 1;
-  return sms;
-}
-
 template <DType kDt>
 cudaError_t run_bwd(const AttentionBwdParams& p, attn::BwdArgs a, cudaStream_t stream) {
   const AttentionShape& s = p.shape;
@@ -80,7 +72,7 @@ cudaError_t run_bwd(const AttentionBwdParams& p, attn::BwdArgs a, cudaStream_t s
 
   const int64_t n8 = dq_elems / attn::kElemsPerCopy;
   const int64_t want = (n8 + attn::kConvertThreads - 1) / attn::kConvertThreads;
-  const int64_t cap = int64_t(multiprocessor_count()) * attn::kConvertBlocksPerSm;
+  const int64_t cap = int64_t(attn::multiprocessor_count()) * attn::kConvertBlocksPerSm;
   const unsigned blocks = static_cast<unsigned>(want < cap ? want : cap);
   attn::attn_bwd_dq_convert_kernel<kDt>
       <<<blocks, attn::kConvertThreads, 0, stream>>>(p.dq_accum, p.dq, n8, p.scale);

@@ -12,6 +12,18 @@
 
 namespace jaxcraft {
 namespace attn {
+
+// SMs of the current device (1 if the query fails): the size of grids that
+// loop over their work (the Hopper forward's persistent grid, the dQ
+// conversion's cap).
+inline int multiprocessor_count() {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+    return 1;
+  return sms;
+}
+
 namespace sm90 {
 
 // JAXCRAFT_ATTENTION_KERNEL=portable keeps Hopper GPUs on the sm_80 kernels

@@ -711,14 +711,8 @@ cudaError_t launch_fwd_sm90(const FwdArgs& a, cudaStream_t stream,
   // Each query head's tiles stream its KV head's K and V.
   p.tile_group = tile_group(a.mask.causal, int64_t(s.seqlen_k) * s.head_dim * 4,
                             int64_t(s.num_heads) * s.batch);
-  int grid = p.items;
-  if (Cfg::kPersistent && !a.mask.causal) {
-    int device = 0, sms = 0;
-    if ((err = cudaGetDevice(&device)) != cudaSuccess ||
-        (err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess)
-      return err;
-    grid = std::min(p.items, sms);
-  }
+  const int grid =
+      Cfg::kPersistent && !a.mask.causal ? std::min(p.items, multiprocessor_count()) : p.items;
   kernel<<<grid, Cfg::kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
