@@ -903,12 +903,32 @@ void fwd_sm90_variants(int B, int S, bool causal) {
   const double flops = 4.0 * B * N * double(S) * S * H * (causal ? 0.5 : 1.0);
   auto one = [&](auto cfg) {
     using Cfg = decltype(cfg);
+    CHECK(cudaMemset(buf.o2, 0, buf.n * 2));
     const double ms = time_ms([&] { return jaxcraft::attn::sm90::launch_fwd_sm90<DType::kBF16, Cfg>(fa, 0); });
-    std::printf("sm90 fwd H%d S%d %s tile %dx%d stages %d overlap %d persistent %d: %.3f ms %.1f TFLOP/s maxdiff %.2e\n", H, S,
-                causal ? "causal" : "full  ", Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, Cfg::kOverlap, Cfg::kPersistent, ms,
-                flops / ms / 1e9, max_diff(buf.o, buf.o2, buf.n));
+    std::printf("sm90 fwd H%d S%d %s tile %dx%d stages %d overlap %d persistent %d (causal up to %d) "
+                "Q buffers %d: %.3f ms %.1f TFLOP/s maxdiff %.2e\n", H, S, causal ? "causal" : "full  ",
+                Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, Cfg::kOverlap, Cfg::kPersistent,
+                Cfg::kCausalPersistRows, Cfg::kQBufs, ms, flops / ms / 1e9, max_diff(buf.o, buf.o2, buf.n));
   };
   (one(Cfgs{}), ...);
+}
+
+// The launcher's forward tiles against the alternatives measured for them
+// (persistent grids under a causal mask, Q buffers, stages, key tiles), at
+// 16k tokens.
+void fwd_persistent_variants() {
+  using namespace jaxcraft::attn::sm90;
+  constexpr int kAll = 1 << 30;  // a persistent grid under a causal mask at any length
+  for (bool causal : {false, true})
+    for (int S : {512, 1024, 2048, 4096, 8192, 16384}) {
+      if (!causal && S > 2048) continue;
+      fwd_sm90_variants<128, FwdTiles<128>::type, FwdConfig<128, 2, 128, 3, true, true>,
+                        FwdConfig<128, 2, 96, 3, true, true, 2, kAll>>(16384 / S, S, causal);
+      fwd_sm90_variants<64, FwdTiles<64>::type, FwdShortCausalTiles<64>::type,
+                        FwdConfig<64, 3, 128, 2, false, true>>(16384 / S, S, causal);
+      fwd_sm90_variants<256, FwdTiles<256>::type, FwdConfig<256, 2, 64, 2, false, true, 1, kAll>>(
+          16384 / S, S, causal);
+    }
 }
 
 // Timings of the per-element features against the plain kernels on the same
@@ -1106,6 +1126,10 @@ int main(int argc, char** argv) {
     profile_bwd(2, 8192, 16, 128, false);
     return 0;
   }
+  if (has_arg(argc, argv, "fwdvariants")) {
+    fwd_persistent_variants();
+    return 0;
+  }
   if (has_arg(argc, argv, "featbench")) {
     for (int H : {128, 64}) bench_features(4, 2048, 2048 / H, H);
     return 0;
@@ -1161,19 +1185,9 @@ int main(int argc, char** argv) {
       bwd_sm90_variants<128, BwdConfig<128, 2, false, false, true>,
                         BwdConfig<128, 2, false, false, true, true>,
                         BwdConfig<128, 3, false, false, true, true>>(8, 2048, causal);
-      // Persistent (one CTA per SM striding through the work items) vs one
-      // CTA per item, at 16k tokens.
-      using jaxcraft::attn::sm90::FwdConfig;
-      for (int S : {512, 1024, 2048}) {
-        fwd_sm90_variants<128, FwdConfig<128, 2, 128, 3, true, true>, FwdConfig<128, 2, 128, 3, true>>(
-            16384 / S, S, causal);
-        fwd_sm90_variants<64, FwdConfig<64, 3, 128, 2, false, true>, FwdConfig<64, 3, 128, 2>>(
-            16384 / S, S, causal);
-        fwd_sm90_variants<256, FwdConfig<256, 2, 64, 2, false, true>, FwdConfig<256, 2, 64, 2>>(
-            16384 / S, S, causal);
-      }
     }
   }
+  fwd_persistent_variants();
   if (argc > 1 && std::string(argv[argc - 1]) == "variants") {
     using namespace jaxcraft::attn;
     FwdVariants<128, FwdShape<128>, FwdShape<128, 4, 128, 64>, FwdShape<128, 4, 64, 64>>::

@@ -6,14 +6,15 @@
 // never wait on each other, so one warpgroup's softmax runs while another's
 // GEMMs occupy the tensor cores. O is staged in the warpgroup's own (dead)
 // rows of the Q tile and written by a TMA store, which clips partial tiles.
-// kPersistent (without a causal mask, where every work item is the same
-// work): one CTA per SM strides through the work items, and the producer
-// loads the next item's first K/V tile while the consumers finish this one,
-// and its Q once their O stores have read the Q tile (at S <= 2048 a CTA
-// sees only 4-16 key tiles, and a fresh CTA's launch and first loads cost
-// a large part). Under a causal mask the items differ in work and the
-// hardware's assignment of CTAs to free SMs balances them better than a
-// fixed stride (measured: -11% at D128 S2048, -31% at D256).
+// Persistent grids (kPersistent): one CTA per SM strides through the work
+// items, and the producer loads the next item's first K/V tile while the
+// consumers finish this one, and its Q once their O stores have read the Q
+// tile, or at once into a second Q buffer (kQBufs); at S <= 2048 a CTA sees
+// only 4-16 key tiles, and a fresh CTA's launch and first loads cost a large
+// part. Under a causal mask the items differ in work, so a persistent CTA
+// takes them in pairs of equal total work (query tiles r and m_blocks - 1 - r
+// of one head); a fixed stride over single items measured 11-31% slower
+// than one CTA per item.
 // Segment ids, the boolean mask, soft cap, bias and dropout run in separate
 // instances of the same kernel (kFeat, features.cuh).
 #pragma once
@@ -22,6 +23,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/attention/kernel_args.h"
 #include "kernels/attention/mask.cuh"
@@ -41,11 +43,19 @@ namespace sm90 {
 // tile i's P V runs (needs a third ring stage, else the K/V load of tile
 // i + 2, which can only start once P V of tile i has released its stage, is
 // exposed: measured 513 -> 459 TFLOP/s at H128 with two stages, 614 with three).
+// kPersistent: a persistent grid (one CTA per SM striding through the work
+// items) without a causal mask, and with one when the queries are at most
+// kCausalPersistRows (beyond that, one CTA per item measured faster).
+// kQBufs = 2 (where shared memory has room): the Q tiles of consecutive
+// work items alternate between two buffers, so the next item's Q loads while
+// this item computes and stores its O, instead of after that store.
 template <int kHeadDim_, int kConsumers_, int kBlockN_, int kStages_, bool kOverlap_ = false,
-          bool kPersistent_ = false>
+          bool kPersistent_ = false, int kQBufs_ = 1, int kCausalPersistRows_ = 0>
 struct FwdConfig {
   static constexpr bool kOverlap = kOverlap_;
   static constexpr bool kPersistent = kPersistent_;
+  static constexpr int kQBufs = kQBufs_;
+  static constexpr int kCausalPersistRows = kCausalPersistRows_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kConsumers = kConsumers_;
   static constexpr int kBlockM = kConsumers * kWgmmaM;
@@ -53,14 +63,16 @@ struct FwdConfig {
   static constexpr int kStages = kStages_;
   static constexpr int kThreads = (kConsumers + 1) * kWarpgroupThreads;
   static constexpr int kColBlocks = kHeadDim / kSwizzleCols;
-  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;  // one buffer
+  static constexpr int kQAllBytes = kQBufs * kQBytes;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // one of K or V
   static constexpr int kStageBytes = 2 * kKVBytes;
-  // The ring's barriers and the Q tile's release.
-  static constexpr int kBarrierBytes = ring_barrier_bytes(kStages) + 8;
+  // The ring's barriers (its `once` is buffer 0's Q arrival), the other Q
+  // buffers' arrivals and every Q buffer's release.
+  static constexpr int kBarrierBytes = ring_barrier_bytes(kStages) + 8 * (2 * kQBufs - 1);
   // + alignment slack: the swizzled tiles need 1024-byte-aligned addresses.
   static constexpr int kSmemBytes =
-      kSwizzleAtomBytes + kQBytes + kStages * kStageBytes + kBarrierBytes;
+      kSwizzleAtomBytes + kQAllBytes + kStages * kStageBytes + kBarrierBytes;
   // setmaxnreg: the producer only issues copies (with two consumers 40: its
   // work-item loop spilled at 24 in the feature instances; with three the
   // consumers keep their 160, and the producer's 32 leave the mask instance
@@ -74,7 +86,7 @@ struct FwdConfig {
   // min and max (written by the producer warp), after the barriers.
   static constexpr int kIdBytes = kBlockN * 4 + 16;
   static constexpr int kIdsRel =  // from the aligned base
-      (kQBytes + kStages * kStageBytes + kBarrierBytes + 15) / 16 * 16;
+      (kQAllBytes + kStages * kStageBytes + kBarrierBytes + 15) / 16 * 16;
   static constexpr int kFeatSmemBytes = kSwizzleAtomBytes + kIdsRel + kStages * kIdBytes;
   static_assert(kFeatSmemBytes <= 227 * 1024, "fits the sm_90 shared-memory opt-in");
   // kBias instances: per ring stage, the bias tile (kBlockM x kBlockN, 16-bit
@@ -88,15 +100,25 @@ struct FwdConfig {
                         kWarpgroupThreads <= 64 * 1024, "register file");
 };
 
-// Tiles per head-dim bucket (bf16/f16).
+// Tiles per head-dim bucket (bf16/f16). Measured in the standalone
+// variants (bench/NOTES.md): two Q buffers and a third stage at head dim 64
+// (+7-16% at S <= 2048), a causal persistent grid up to 4096 queries at 64
+// and 128 (+3-35%; a 1-2% loss beyond, and at head dim 256 everywhere).
 template <int kHeadDim>
 struct FwdTiles;
 template <>
-struct FwdTiles<64> { using type = FwdConfig<64, 3, 128, 2, false, true>; };
+struct FwdTiles<64> { using type = FwdConfig<64, 3, 128, 3, false, true, 2, 4096>; };
 template <>
-struct FwdTiles<128> { using type = FwdConfig<128, 2, 128, 3, true, true>; };
+struct FwdTiles<128> { using type = FwdConfig<128, 2, 128, 3, true, true, 1, 4096>; };
 template <>
 struct FwdTiles<256> { using type = FwdConfig<256, 2, 64, 2, false, true>; };
+// Plain launches under a causal mask with at most kCausalPersistRows
+// queries: head dim 64 takes 128-query tiles and the overlapped loop there
+// (+7-33% at S <= 1024 over the 192-query tiles, +2% at 2048).
+template <int kHeadDim>
+struct FwdShortCausalTiles : FwdTiles<kHeadDim> {};
+template <>
+struct FwdShortCausalTiles<64> { using type = FwdConfig<64, 2, 128, 3, true, true, 2, 2048>; };
 // kScores instances: head dim 64's 160-register consumers have no room for
 // the bias loads.
 template <int kHeadDim>
@@ -124,9 +146,11 @@ struct FwdSm90Args {
   FwdArgs a;
   CUtensorMap bias_map;  // kBias instances: box kBlockM rows x 128 bytes
   int tile_group;        // tile_order.h
-  // Work items: m_blocks query tiles x heads x batch (kernel parameters,
-  // which cost the consumers no registers).
-  int m_blocks, items;
+  // Work items: m_blocks query tiles x heads x batch, taken in units of
+  // unit_tiles x heads x batch (kernel parameters, which cost the consumers
+  // no registers). paired: a unit is query tiles r and m_blocks - 1 - r of
+  // one head (unit_tiles = ceil(m_blocks / 2)), else one tile (= m_blocks).
+  int m_blocks, unit_tiles, units, paired;
 };
 
 // kFeat (features.cuh): kPlain, or the instances that add segment ids and
@@ -144,11 +168,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t q_sa = swizzle_aligned(smem_raw);
-  const uint32_t kv_sa = q_sa + Cfg::kQBytes;
+  const uint32_t kv_sa = q_sa + Cfg::kQAllBytes;
   const RingBarriers<kStages> ring{kv_sa + kStages * Cfg::kStageBytes};
-  // Q's release for the next work item: one arrive per consumer warpgroup,
-  // once its O store has read its rows of the Q tile.
-  const uint32_t q_empty = ring.base + RingBarriers<kStages>::kBytes;
+  // This CTA's n-th work item uses Q buffer n % kQBufs for the (n /
+  // kQBufs)-th time. q_full: the TMA bytes' arrival; q_empty: the release
+  // for a later item, one arrive per consumer warpgroup once its O store
+  // has read its rows of the buffer.
+  constexpr int kQBufs = Cfg::kQBufs;
+  const uint32_t q_bars = ring.base + RingBarriers<kStages>::kBytes;
+  auto q_tile = [&](int n) { return q_sa + (n % kQBufs) * Cfg::kQBytes; };
+  auto q_full = [&](int n) { return n % kQBufs == 0 ? ring.once() : q_bars + 8 * (kQBufs + n % kQBufs - 1); };
+  auto q_empty = [&](int n) { return q_bars + 8 * (n % kQBufs); };
+  auto q_parity = [&](int n) { return uint32_t(n / kQBufs) & 1; };
   auto k_tile = [&](int s) { return kv_sa + s * Cfg::kStageBytes; };
   auto v_tile = [&](int s) { return kv_sa + s * Cfg::kStageBytes + Cfg::kKVBytes; };
 
@@ -170,23 +201,41 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // loads and only its own arrive orders them before the producer's rewrite
   // (compute-sanitizer racecheck flagged the lane-0 arrive there).
   if (tid == 0) {
-    mbar_init(q_empty, Cfg::kConsumers);
+    for (int qb = 0; qb < kQBufs; ++qb) {
+      mbar_init(q_empty(qb), Cfg::kConsumers);
+      if (qb > 0) mbar_init(q_full(qb), 1);
+    }
     ring.init(kFeat == kPlain ? 1 : 1 + kWarpSize,
               Cfg::kConsumers * (kFeat == kPlain ? 4 : kWarpgroupThreads));
   }
   __syncthreads();
 
   // Work items (query tile, head, batch element), highest query tiles first:
-  // under a causal mask they have the most keys. This CTA takes items
-  // blockIdx.x, + gridDim.x, ... (one, unless the launch is persistent).
+  // under a causal mask they have the most keys. This CTA takes units
+  // blockIdx.x, + gridDim.x, ... (one, unless the launch is persistent),
+  // and in a paired unit its two items one after the other: under a causal
+  // mask a pair holds m_blocks + 1 tiles' worth of keys whichever it is, so
+  // the fixed stride of a persistent grid gives every SM the same work.
+  struct Cursor {
+    int unit, second;
+  };
+  auto item_at = [&](Cursor cur) {
+    TileItem item = tile_item_at(cur.unit, p.unit_tiles, sh.num_heads, sh.batch, p.tile_group);
+    if (cur.second) item.rank = p.m_blocks - 1 - item.rank;
+    return item;
+  };
+  auto next_item = [&](Cursor cur) {
+    if (p.paired && !cur.second && 2 * item_at(cur).rank + 1 < p.m_blocks) return Cursor{cur.unit, 1};
+    return Cursor{cur.unit + int(gridDim.x), 0};
+  };
   struct Work {
     int m0, head, b, kv_head, rows_valid, t_begin, t_end;
     SeqLens lens;
   };
   // Both roles derive the key tiles [t_begin, t_end) an item visits, so
   // that the producer loads exactly the tiles the consumers take from the ring.
-  auto work_at = [&](int idx) {
-    const TileItem item = tile_item_at(idx, p.m_blocks, sh.num_heads, sh.batch, p.tile_group);
+  auto work_at = [&](Cursor cur) {
+    const TileItem item = item_at(cur);
     Work w;
     w.head = item.head;
     w.b = item.batch;
@@ -213,16 +262,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         prefetch_tensor_map(&p.k_map);
         prefetch_tensor_map(&p.v_map);
         int it = 0, n = 0;
-        for (int idx = blockIdx.x; idx < p.items; idx += gridDim.x, ++n) {
-          const Work wk = work_at(idx);
-          // Q once the previous item's O stores have read the Q tile: after
-          // this item's first K/V tile, whose stage frees up earlier.
+        for (Cursor cur{int(blockIdx.x), 0}; cur.unit < p.units; cur = next_item(cur), ++n) {
+          const Work wk = work_at(cur);
+          // Q once the O stores of the buffer's previous item have read it:
+          // after this item's first K/V tile, whose stage frees up earlier.
           auto load_q = [&] {
-            if (n > 0) mbar_wait(q_empty, (n - 1) & 1);
-            mbar_arrive_expect_tx(ring.once(), Cfg::kQBytes);
+            if (n >= kQBufs) mbar_wait(q_empty(n), q_parity(n) ^ 1);
+            mbar_arrive_expect_tx(q_full(n), Cfg::kQBytes);
 #pragma unroll
             for (int cb = 0; cb < kCB; ++cb)
-              tma_load_4d(q_sa + cb * col_block_bytes<kBM>(), &p.q_map, ring.once(),
+              tma_load_4d(q_tile(n) + cb * col_block_bytes<kBM>(), &p.q_map, q_full(n),
                           cb * kSwizzleCols, wk.head, wk.m0, wk.b);
           };
           if (wk.t_begin == wk.t_end) load_q();
@@ -253,16 +302,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         if constexpr (kFeat == kBias) prefetch_tensor_map(&p.bias_map);
       }
       int it = 0, n = 0;
-      for (int idx = blockIdx.x; idx < p.items; idx += gridDim.x, ++n) {
-        const Work wk = work_at(idx);
+      for (Cursor cur{int(blockIdx.x), 0}; cur.unit < p.units; cur = next_item(cur), ++n) {
+        const Work wk = work_at(cur);
         const int m0 = wk.m0, head = wk.head, b = wk.b, kv_head = wk.kv_head;
         const int t_begin = wk.t_begin, t_end = wk.t_end;
         if (tid == 0) {
-          if (n > 0) mbar_wait(q_empty, (n - 1) & 1);
-          mbar_arrive_expect_tx(ring.once(), Cfg::kQBytes);
+          if (n >= kQBufs) mbar_wait(q_empty(n), q_parity(n) ^ 1);
+          mbar_arrive_expect_tx(q_full(n), Cfg::kQBytes);
 #pragma unroll
           for (int cb = 0; cb < kCB; ++cb)
-            tma_load_4d(q_sa + cb * col_block_bytes<kBM>(), &p.q_map, ring.once(), cb * kSwizzleCols,
+            tma_load_4d(q_tile(n) + cb * col_block_bytes<kBM>(), &p.q_map, q_full(n), cb * kSwizzleCols,
                         head, m0, b);
         }
         const int32_t* kv_ids = a.mask.q_segment_ids != nullptr
@@ -325,8 +374,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int thread_row0 = wg_row0 + w * 16 + g;  // this thread's rows: + 0 and + 8
 
   int it0 = 0, n = 0;  // ring uses before this work item; items done
-  for (int idx = blockIdx.x; idx < p.items; idx += gridDim.x, ++n) {
-    const Work wk = work_at(idx);
+  for (Cursor cur{int(blockIdx.x), 0}; cur.unit < p.units; cur = next_item(cur), ++n) {
+    const Work wk = work_at(cur);
     const int m0 = wk.m0, head = wk.head, b = wk.b, rows_valid = wk.rows_valid;
     const int t_begin = wk.t_begin, t_end = wk.t_end;
     const SeqLens lens = wk.lens;
@@ -371,7 +420,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
       for (int k = 0; k < kD / kWgmmaK; ++k) {
         const int cb = k / 4, kb = (k % 4) * kWgmmaK * 2;
-        const uint64_t qd = smem_desc(q_sa + cb * col_block_bytes<kBM>() + wg_row0 * kSwizzleRowBytes + kb, 0);
+        const uint64_t qd = smem_desc(q_tile(n) + cb * col_block_bytes<kBM>() + wg_row0 * kSwizzleRowBytes + kb, 0);
         const uint64_t kd = smem_desc(k_tile(s) + cb * col_block_bytes<kBN>() + kb, 0);
         wgmma_ss<kDt, kBN>(sc[0], qd, kd, k > 0);
       }
@@ -574,7 +623,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
       }
     };
-    mbar_wait(ring.once(), n & 1);
+    mbar_wait(q_full(n), q_parity(n));
     const int n_tiles = t_end - t_begin;
     if constexpr (!Cfg::kOverlap) {
       for (int it = 0; it < n_tiles; ++it) {
@@ -654,7 +703,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       for (int h = 0; h < 2; ++h) {
         const int r = thread_row0 + 8 * h;
         const uint32_t v = pack2<kDt>(o[0][j][2 * h], o[0][j][2 * h + 1]);
-        st_shared_b32(q_sa + cb * col_block_bytes<kBM>() + swizzled_offset(r, chunk) + 4 * t, v);
+        st_shared_b32(q_tile(n) + cb * col_block_bytes<kBM>() + swizzled_offset(r, chunk) + 4 * t, v);
       }
     }
     fence_proxy_async();
@@ -663,11 +712,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if (wg_row0 < rows_out) {
 #pragma unroll
         for (int cb = 0; cb < kCB; ++cb)
-          tma_store_4d(&p.o_map, q_sa + cb * col_block_bytes<kBM>() + wg_row0 * kSwizzleRowBytes,
+          tma_store_4d(&p.o_map, q_tile(n) + cb * col_block_bytes<kBM>() + wg_row0 * kSwizzleRowBytes,
                        cb * kSwizzleCols, head, m0 + wg_row0, b);
         tma_store_commit_and_wait();
       }
-      mbar_arrive(q_empty);
+      mbar_arrive(q_empty(n));
     }
     it0 += t_end - t_begin;
   }
@@ -704,15 +753,18 @@ cudaError_t launch_fwd_sm90(const FwdArgs& a, cudaStream_t stream,
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
+  const bool persistent =
+      Cfg::kPersistent && (!a.mask.causal || s.seqlen_q <= Cfg::kCausalPersistRows);
   p.m_blocks = (s.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
-  const int64_t items = int64_t(p.m_blocks) * s.num_heads * s.batch;
-  if (items > INT32_MAX) return cudaErrorInvalidValue;
-  p.items = static_cast<int>(items);
+  p.paired = persistent && a.mask.causal;
+  p.unit_tiles = p.paired ? (p.m_blocks + 1) / 2 : p.m_blocks;
+  const int64_t units = int64_t(p.unit_tiles) * s.num_heads * s.batch;
+  if (units + multiprocessor_count() > INT32_MAX) return cudaErrorInvalidValue;
+  p.units = static_cast<int>(units);
   // Each query head's tiles stream its KV head's K and V.
   p.tile_group = tile_group(a.mask.causal, int64_t(s.seqlen_k) * s.head_dim * 4,
                             int64_t(s.num_heads) * s.batch);
-  const int grid =
-      Cfg::kPersistent && !a.mask.causal ? std::min(p.items, multiprocessor_count()) : p.items;
+  const int grid = persistent ? std::min(p.units, multiprocessor_count()) : p.units;
   kernel<<<grid, Cfg::kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
@@ -721,7 +773,13 @@ template <DType kDt, int kHeadDim>
 cudaError_t run_fwd_sm90(const FwdArgs& a, cudaStream_t stream) {
   using Cfg = typename FwdTiles<kHeadDim>::type;
   switch (feature_level(a.mask, a.scores)) {
-    case kPlain: return launch_fwd_sm90<kDt, Cfg, kPlain>(a, stream);
+    case kPlain: {
+      using ShortCfg = typename FwdShortCausalTiles<kHeadDim>::type;
+      if (!std::is_same_v<ShortCfg, Cfg> && a.mask.causal &&
+          a.shape.seqlen_q <= ShortCfg::kCausalPersistRows)
+        return launch_fwd_sm90<kDt, ShortCfg, kPlain>(a, stream);
+      return launch_fwd_sm90<kDt, Cfg, kPlain>(a, stream);
+    }
     case kMasks: return launch_fwd_sm90<kDt, Cfg, kMasks>(a, stream);
     case kDropout:
       return launch_fwd_sm90<kDt, typename FwdDropoutTiles<kHeadDim>::type, kDropout>(a, stream);
