@@ -49,9 +49,16 @@ namespace sm90 {
 // kQBufs = 2 (where shared memory has room): the Q tiles of consecutive
 // work items alternate between two buffers, so the next item's Q loads while
 // this item computes and stores its O, instead of after that store.
+// kOInStage: in persistent launches, O is staged in the item's last K/V
+// stage (once every consumer warpgroup is done with it) instead of the Q
+// tile, so the Q tile is released for the next item as soon as this item's
+// last S = Q K^T is in (measured +3-5% at S <= 1024; with one item per CTA
+// the extra barrier cost 0-7%).
 template <int kHeadDim_, int kConsumers_, int kBlockN_, int kStages_, bool kOverlap_ = false,
-          bool kPersistent_ = false, int kQBufs_ = 1, int kCausalPersistRows_ = 0>
+          bool kPersistent_ = false, int kQBufs_ = 1, int kCausalPersistRows_ = 0,
+          bool kOInStage_ = false>
 struct FwdConfig {
+  static constexpr bool kOInStage = kOInStage_;
   static constexpr bool kOverlap = kOverlap_;
   static constexpr bool kPersistent = kPersistent_;
   static constexpr int kQBufs = kQBufs_;
@@ -67,6 +74,7 @@ struct FwdConfig {
   static constexpr int kQAllBytes = kQBufs * kQBytes;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // one of K or V
   static constexpr int kStageBytes = 2 * kKVBytes;
+  static_assert(kQBytes <= kStageBytes, "O fits a stage");
   // The ring's barriers (its `once` is buffer 0's Q arrival), the other Q
   // buffers' arrivals and every Q buffer's release.
   static constexpr int kBarrierBytes = ring_barrier_bytes(kStages) + 8 * (2 * kQBufs - 1);
@@ -109,9 +117,9 @@ struct FwdTiles;
 template <>
 struct FwdTiles<64> { using type = FwdConfig<64, 3, 128, 3, false, true, 2, 4096>; };
 template <>
-struct FwdTiles<128> { using type = FwdConfig<128, 2, 128, 3, true, true, 1, 4096>; };
+struct FwdTiles<128> { using type = FwdConfig<128, 2, 128, 3, true, true, 1, 4096, true>; };
 template <>
-struct FwdTiles<256> { using type = FwdConfig<256, 2, 64, 2, false, true>; };
+struct FwdTiles<256> { using type = FwdConfig<256, 2, 64, 2, false, true, 1, 0, true>; };
 // Plain launches under a causal mask with at most kCausalPersistRows
 // queries: head dim 64 takes 128-query tiles and the overlapped loop there
 // (+7-33% at S <= 1024 over the 192-query tiles, +2% at 2048).
@@ -151,6 +159,7 @@ struct FwdSm90Args {
   // no registers). paired: a unit is query tiles r and m_blocks - 1 - r of
   // one head (unit_tiles = ceil(m_blocks / 2)), else one tile (= m_blocks).
   int m_blocks, unit_tiles, units, paired;
+  int o_in_stage;  // kOInStage and a persistent launch
 };
 
 // kFeat (features.cuh): kPlain, or the instances that add segment ids and
@@ -202,7 +211,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // (compute-sanitizer racecheck flagged the lane-0 arrive there).
   if (tid == 0) {
     for (int qb = 0; qb < kQBufs; ++qb) {
-      mbar_init(q_empty(qb), Cfg::kConsumers);
+      mbar_init(q_empty(qb), Cfg::kConsumers * (p.o_in_stage ? 4 : 1));
       if (qb > 0) mbar_init(q_full(qb), 1);
     }
     ring.init(kFeat == kPlain ? 1 : 1 + kWarpSize,
@@ -625,11 +634,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     };
     mbar_wait(q_full(n), q_parity(n));
     const int n_tiles = t_end - t_begin;
+    // O in the last stage: once this warp's last S = Q K^T is in, it is
+    // done with Q, and that stage is released after the O store has read it.
+    const bool o_in_stage = p.o_in_stage && n_tiles > 0;
+    auto q_read = [&](int it) {
+      if (o_in_stage && it == n_tiles - 1 && lane == 0) mbar_arrive(q_empty(n));
+    };
+    auto release_read = [&](int it) {
+      if (!o_in_stage || it < n_tiles - 1) release(it);
+    };
     if constexpr (!Cfg::kOverlap) {
       for (int it = 0; it < n_tiles; ++it) {
         ring.wait_full(it0 + it);
         issue_scores(it);
         wgmma_wait<0>();
+        q_read(it);
         mask_scores(t_begin + it);
         float corr[1][2];
         if (online_softmax_step(sc, row_max, row_sum, corr, softmax_scale)) rescale_rows(o, corr);
@@ -638,7 +657,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         issue_pv(it);
         wgmma_wait<0>();
         fence_operands(o[0]);
-        release(it);
+        release_read(it);
       }
     }
     // Software-pipelined within the warpgroup: tile it's scores are computed
@@ -648,6 +667,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       ring.wait_full(it0);
       issue_scores(0);
       wgmma_wait<0>();
+      q_read(0);
       mask_scores(t_begin);
       float corr[1][2];
       online_softmax_step(sc, row_max, row_sum, corr, softmax_scale);  // O is still 0
@@ -659,6 +679,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       issue_scores(it);
       issue_pv(it - 1);
       wgmma_wait<1>();
+      q_read(it);
       mask_scores(t_begin + it);
       float corr[1][2];
       const bool rescale = online_softmax_step(sc, row_max, row_sum, corr, softmax_scale);
@@ -673,12 +694,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       issue_pv(n_tiles - 1);
       wgmma_wait<0>();
       fence_operands(o[0]);
-      release(n_tiles - 1);
+      release_read(n_tiles - 1);
     }
 
     // Epilogue: normalize, write the logsumexp, stage O (16-bit, swizzled)
-    // over this warpgroup's rows of the Q tile, then one thread stores it and,
-    // once the store has read them, releases the Q tile.
+    // over this warpgroup's rows of the Q tile (kOInStage: of the last
+    // stage), then one thread stores it and, once the store has read them,
+    // the Q tile (the stage) is released.
     const int rows_out = min(kBM, sh.seqlen_q - m0);
     float* lse = a.lse + (int64_t(b) * sh.num_heads + head) * sh.seqlen_q + m0;
 #pragma unroll
@@ -696,6 +718,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if (t == 0 && r < rows_out)
         lse[r] = seen ? (row_max[0][h] + __log2f(sum)) * kLn2 : -INFINITY;
     }
+    const uint32_t o_tile = o_in_stage ? k_tile(ring.stage(it0 + n_tiles - 1)) : q_tile(n);
+    // Every warpgroup's last products have read the stage.
+    if (o_in_stage) named_barrier_sync(1 + Cfg::kConsumers, Cfg::kConsumers * kWarpgroupThreads);
 #pragma unroll
     for (int j = 0; j < kD / 8; ++j) {
       const int cb = j / 8, chunk = j % 8;
@@ -703,7 +728,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       for (int h = 0; h < 2; ++h) {
         const int r = thread_row0 + 8 * h;
         const uint32_t v = pack2<kDt>(o[0][j][2 * h], o[0][j][2 * h + 1]);
-        st_shared_b32(q_tile(n) + cb * col_block_bytes<kBM>() + swizzled_offset(r, chunk) + 4 * t, v);
+        st_shared_b32(o_tile + cb * col_block_bytes<kBM>() + swizzled_offset(r, chunk) + 4 * t, v);
       }
     }
     fence_proxy_async();
@@ -712,11 +737,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if (wg_row0 < rows_out) {
 #pragma unroll
         for (int cb = 0; cb < kCB; ++cb)
-          tma_store_4d(&p.o_map, q_tile(n) + cb * col_block_bytes<kBM>() + wg_row0 * kSwizzleRowBytes,
+          tma_store_4d(&p.o_map, o_tile + cb * col_block_bytes<kBM>() + wg_row0 * kSwizzleRowBytes,
                        cb * kSwizzleCols, head, m0 + wg_row0, b);
         tma_store_commit_and_wait();
       }
-      mbar_arrive(q_empty(n));
+      if (!p.o_in_stage) mbar_arrive(q_empty(n));
+    }
+    if (p.o_in_stage) {
+      named_barrier_sync(1 + c, kWarpgroupThreads);  // the store has read the staged O
+      if (o_in_stage) {
+        release(n_tiles - 1);
+      } else if (lane == 0) {
+        mbar_arrive(q_empty(n));
+      }
     }
     it0 += t_end - t_begin;
   }
@@ -757,6 +790,7 @@ cudaError_t launch_fwd_sm90(const FwdArgs& a, cudaStream_t stream,
       Cfg::kPersistent && (!a.mask.causal || s.seqlen_q <= Cfg::kCausalPersistRows);
   p.m_blocks = (s.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   p.paired = persistent && a.mask.causal;
+  p.o_in_stage = persistent && Cfg::kOInStage;
   p.unit_tiles = p.paired ? (p.m_blocks + 1) / 2 : p.m_blocks;
   const int64_t units = int64_t(p.unit_tiles) * s.num_heads * s.batch;
   if (units + multiprocessor_count() > INT32_MAX) return cudaErrorInvalidValue;
