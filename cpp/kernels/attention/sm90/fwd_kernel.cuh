@@ -5,7 +5,8 @@
 // softmax in registers, and O += P V (wgmma, P from registers). Consumers
 // never wait on each other, so one warpgroup's softmax runs while another's
 // GEMMs occupy the tensor cores. O is staged in the warpgroup's own (dead)
-// rows of the Q tile and written by a TMA store, which clips partial tiles.
+// rows of the Q tile (or of the last K/V stage: kOInStage) and written by a
+// TMA store, which clips partial tiles.
 // Persistent grids (kPersistent): one CTA per SM strides through the work
 // items, and the producer loads the next item's first K/V tile while the
 // consumers finish this one, and its Q once their O stores have read the Q
@@ -182,7 +183,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // This CTA's n-th work item uses Q buffer n % kQBufs for the (n /
   // kQBufs)-th time. q_full: the TMA bytes' arrival; q_empty: the release
   // for a later item, one arrive per consumer warpgroup once its O store
-  // has read its rows of the buffer.
+  // has read its rows of the buffer (with O in the stage: one per consumer
+  // warp once its last S = Q K^T is in).
   constexpr int kQBufs = Cfg::kQBufs;
   const uint32_t q_bars = ring.base + RingBarriers<kStages>::kBytes;
   auto q_tile = [&](int n) { return q_sa + (n % kQBufs) * Cfg::kQBytes; };

@@ -4,7 +4,7 @@ is why this is generated rather than written by hand. Run from this folder:
     python gen_wgmma.py > wgmma_ops.inc
 """
 
-SS_N = (32, 64, 96, 128)  # S = Q K^T: N = key-tile width (32: a half tile of queries)
+SS_N = (32, 64, 128)    # S = Q K^T: N = key-tile width (32: a half tile of queries)
 SS_TT_N = (64,)         # dQ = dS K (both operands MN-major): N = 64 columns of dQ
 SS_NT_N = (128,)        # dV += P^T dO, P^T shared (K-major), dO MN-major: half of head dim 256
 RS_N = (64, 128, 256)   # O += P V: N = head-dim bucket
