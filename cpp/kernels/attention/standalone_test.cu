@@ -11,7 +11,8 @@
 // 128, 256 and no dropout, except the deterministic dQ), `featbench` times
 // the features against the plain kernels, `shapes` the H128 dK/dV feature
 // tile shapes, `variants` adds the tile-shape comparisons to the timings,
-// `only=TEXT` keeps the correctness cases whose name contains TEXT.
+// `fwdvariants` times only the Hopper forward's tiles against the
+// alternatives measured for them, `only=TEXT` keeps the correctness cases whose name contains TEXT.
 // Every case prints PASS or FAIL; the last correctness line sums them up and
 // lists the failed cases.
 #include <cuda_bf16.h>
@@ -914,9 +915,10 @@ void fwd_sm90_variants(int B, int S, bool causal) {
   (one(Cfgs{}), ...);
 }
 
-// The launcher's forward tiles against the alternatives measured for them
-// (persistent grids under a causal mask, Q buffers, stages, key tiles), at
-// 16k tokens.
+// The launcher's Hopper forward tiles against the ones they replaced (one Q
+// buffer and two stages at head dim 64, one CTA per item under a causal
+// mask, O staged in the Q tile) and against causal pairs at head dim 256,
+// at 16k tokens.
 void fwd_persistent_variants() {
   using namespace jaxcraft::attn::sm90;
   for (bool causal : {false, true})
