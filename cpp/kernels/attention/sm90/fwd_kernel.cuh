@@ -14,7 +14,7 @@
 // only 4-16 key tiles, and a fresh CTA's launch and first loads cost a large
 // part. Under a causal mask the items differ in work, so a persistent CTA
 // takes them in pairs of equal total work (query tiles r and m_blocks - 1 - r
-// of one head); a fixed stride over single items measured 11-31% slower
+// of one head); a fixed stride over single items measured 11-38% slower
 // than one CTA per item.
 // Segment ids, the boolean mask, soft cap, bias and dropout run in separate
 // instances of the same kernel (kFeat, features.cuh).
