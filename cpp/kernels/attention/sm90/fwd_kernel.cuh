@@ -264,6 +264,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     w.t_end = n_hi > n_lo ? (n_hi + kBN - 1) / kBN : w.t_begin;
     return w;
   };
+  // Producer thread: Q of the CTA's n-th item into its buffer, once the O
+  // stores of the buffer's previous item have read it.
+  auto load_q = [&](int n, const Work& wk) {
+    if (n >= kQBufs) mbar_wait(q_empty(n), q_parity(n) ^ 1);
+    mbar_arrive_expect_tx(q_full(n), Cfg::kQBytes);
+#pragma unroll
+    for (int cb = 0; cb < kCB; ++cb)
+      tma_load_4d(q_tile(n) + cb * col_block_bytes<kBM>(), &p.q_map, q_full(n), cb * kSwizzleCols,
+                  wk.head, wk.m0, wk.b);
+  };
 
   if (wg == 0) {
     setmaxnreg_dec<Cfg::kProducerRegs>();
@@ -275,17 +285,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         int it = 0, n = 0;
         for (Cursor cur{int(blockIdx.x), 0}; cur.unit < p.units; cur = next_item(cur), ++n) {
           const Work wk = work_at(cur);
-          // Q once the O stores of the buffer's previous item have read it:
-          // after this item's first K/V tile, whose stage frees up earlier.
-          auto load_q = [&] {
-            if (n >= kQBufs) mbar_wait(q_empty(n), q_parity(n) ^ 1);
-            mbar_arrive_expect_tx(q_full(n), Cfg::kQBytes);
-#pragma unroll
-            for (int cb = 0; cb < kCB; ++cb)
-              tma_load_4d(q_tile(n) + cb * col_block_bytes<kBM>(), &p.q_map, q_full(n),
-                          cb * kSwizzleCols, wk.head, wk.m0, wk.b);
-          };
-          if (wk.t_begin == wk.t_end) load_q();
+          // Q after this item's first K/V tile, whose stage frees up earlier.
+          if (wk.t_begin == wk.t_end) load_q(n, wk);
           for (int nt = wk.t_begin; nt < wk.t_end; ++nt, ++it) {
             const int s = ring.stage(it);
             ring.wait_free(it);
@@ -297,7 +298,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
               tma_load_4d(v_tile(s) + cb * col_block_bytes<kBN>(), &p.v_map, ring.full(s),
                           cb * kSwizzleCols, wk.kv_head, nt * kBN, wk.b);
             }
-            if (nt == wk.t_begin) load_q();
+            if (nt == wk.t_begin) load_q(n, wk);
           }
         }
       }
@@ -317,14 +318,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const Work wk = work_at(cur);
         const int m0 = wk.m0, head = wk.head, b = wk.b, kv_head = wk.kv_head;
         const int t_begin = wk.t_begin, t_end = wk.t_end;
-        if (tid == 0) {
-          if (n >= kQBufs) mbar_wait(q_empty(n), q_parity(n) ^ 1);
-          mbar_arrive_expect_tx(q_full(n), Cfg::kQBytes);
-#pragma unroll
-          for (int cb = 0; cb < kCB; ++cb)
-            tma_load_4d(q_tile(n) + cb * col_block_bytes<kBM>(), &p.q_map, q_full(n), cb * kSwizzleCols,
-                        head, m0, b);
-        }
+        if (tid == 0) load_q(n, wk);
         const int32_t* kv_ids = a.mask.q_segment_ids != nullptr
                                     ? a.mask.kv_segment_ids + int64_t(b) * sh.seqlen_k
                                     : nullptr;
