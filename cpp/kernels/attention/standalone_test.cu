@@ -12,7 +12,8 @@
 // the features against the plain kernels, `shapes` the H128 dK/dV feature
 // tile shapes, `variants` adds the tile-shape comparisons to the timings,
 // `fwdvariants` times only the Hopper forward's tiles against the
-// alternatives measured for them, `only=TEXT` keeps the correctness cases whose name contains TEXT.
+// alternatives measured for them, `bwdvariants` the head-dim-64 backward's
+// query steps (128 against 64), `only=TEXT` keeps the correctness cases whose name contains TEXT.
 // Every case prints PASS or FAIL; the last correctness line sums them up and
 // lists the failed cases.
 #include <cuda_bf16.h>
@@ -550,7 +551,7 @@ std::vector<Case> cases() {
   const int B = 2, N = 4, K = 2;
   for (DType dt : {DType::kBF16, DType::kF16}) {
     const std::vector<int> heads = dt == DType::kBF16 ? std::vector<int>{64, 128, 80}
-                                                      : std::vector<int>{128, 32, 256, 192};
+                                                      : std::vector<int>{128, 64, 32, 256, 192};
     for (int H : heads) {
       std::vector<std::pair<int, int>> lens = {{1, 1}, {7, 7}, {64, 64}, {129, 129}, {1000, 1000},
                                                {129, 1000}, {1000, 129}, {7, 129}};
@@ -877,9 +878,9 @@ void bwd_sm90_variants(int B, int S, bool causal) {
   auto one = [&](auto cfg) {
     using Cfg = decltype(cfg);
     const double ms = time_ms([&] { return jaxcraft::attn::sm90::launch_bwd_sm90<DType::kBF16, Cfg>(ba, 0); });
-    std::printf("sm90 bwd H%d S%d %s dq_by_keys %d tma_dq %d in_stage %d stages %d: %.3f ms %.1f TFLOP/s maxdiff %.2e\n",
-                H, S, causal ? "causal" : "full  ", Cfg::kDqByKeys, Cfg::kDqTma, Cfg::kDqInStage, Cfg::kStages, ms, flops / ms / 1e9,
-                max_diff(gk, gk2, n));
+    std::printf("sm90 bwd H%d S%d %s queries/step %d dq_by_keys %d tma_dq %d in_stage %d stages %d: %.3f ms %.1f TFLOP/s maxdiff %.2e\n",
+                H, S, causal ? "causal" : "full  ", Cfg::kBlockM, Cfg::kDqByKeys, Cfg::kDqTma, Cfg::kDqInStage, Cfg::kStages, ms,
+                flops / ms / 1e9, max_diff(gk, gk2, n));
   };
   (one(Cfgs{}), ...);
 }
@@ -931,6 +932,15 @@ void fwd_persistent_variants() {
       fwd_sm90_variants<256, FwdTiles<256>::type, FwdConfig<256, 2, 64, 2, false, true>,
                         FwdConfig<256, 2, 64, 2, false, true, 1, 1 << 30>>(16384 / S, S, causal);
     }
+}
+
+// The head-dim-64 backward's 128-query steps (the plain instance) against
+// the 64-query steps the feature instances keep, at 16k tokens.
+void bwd_step_variants() {
+  using namespace jaxcraft::attn::sm90;
+  for (bool causal : {false, true})
+    for (int S : {512, 1024, 2048, 4096, 8192, 16384})
+      bwd_sm90_variants<64, BwdTiles<64>::type, BwdFeatureTiles<64>::type>(16384 / S, S, causal);
 }
 
 // Timings of the per-element features against the plain kernels on the same
@@ -1132,6 +1142,10 @@ int main(int argc, char** argv) {
     fwd_persistent_variants();
     return 0;
   }
+  if (has_arg(argc, argv, "bwdvariants")) {
+    bwd_step_variants();
+    return 0;
+  }
   if (has_arg(argc, argv, "featbench")) {
     for (int H : {128, 64}) bench_features(4, 2048, 2048 / H, H);
     return 0;
@@ -1182,7 +1196,8 @@ int main(int argc, char** argv) {
     for (bool causal : {false, true}) {
       // TMA dQ from tiles of its own (the default) vs staged in the Q/dO
       // stage (the kBias instances), which leaves room for a third stage at 128.
-      bwd_sm90_variants<64, BwdConfig<64, 3, false, false, true>,
+      bwd_sm90_variants<64, BwdConfig<64, 2, false, false, true, false, 128>,
+                        BwdConfig<64, 3, false, false, true>,
                         BwdConfig<64, 3, false, false, true, true>>(8, 2048, causal);
       bwd_sm90_variants<128, BwdConfig<128, 2, false, false, true>,
                         BwdConfig<128, 2, false, false, true, true>,

@@ -56,8 +56,15 @@ namespace sm90 {
 // step's Q and dO tiles, dQ is staged in them (a warpgroup's columns in one
 // tile, or the turn's block across both), and the stage is released when
 // the reductions have read it.
+// kBlockM_ = 128 (kDqByRows; head dim 64, plain instance): 128 queries per
+// step, and each warpgroup takes 64 query rows of the step's dQ over all
+// 128 keys, so both compute dQ every step and no turn is taken. At head dim
+// 64 a 64-query step is short (each product 64 x 64 x 64) and its fixed
+// costs (ring wait, lse/delta loads, the dS^T barrier, a dQ reduction)
+// weigh more. The visibility bitmask of the feature instances holds 64
+// queries, so they keep kBlockM = 64.
 template <int kHeadDim_, int kStages_, bool kDqByKeys_, bool kSplitD_ = false, bool kDqTma_ = false,
-          bool kDqInStage_ = false>
+          bool kDqInStage_ = false, int kBlockM_ = 64>
 struct BwdConfig {
   static constexpr bool kDqByKeys = kDqByKeys_ || kSplitD_;
   static constexpr bool kSplitD = kSplitD_;
@@ -66,7 +73,12 @@ struct BwdConfig {
   static constexpr int kConsumers = 2;
   static constexpr int kBlockN = kSplitD ? kWgmmaM : kConsumers * kWgmmaM;  // keys per CTA
   static constexpr int kAccCols = kSplitD ? kHeadDim / kConsumers : kHeadDim;  // of dK, dV
-  static constexpr int kBlockM = 64;                     // queries per step
+  static constexpr int kBlockM = kBlockM_;               // queries per step
+  static constexpr bool kDqByRows = kBlockM == kConsumers * kWgmmaM;
+  static constexpr int kDqRows = kDqByRows ? kWgmmaM : kBlockM;  // of a warpgroup's dQ
+  static_assert(kBlockM == 64 || (kDqByRows && kHeadDim == kSwizzleCols && !kDqByKeys &&
+                                  kDqTma && !kDqInStage_),
+                "128-query steps: head dim 64, dQ by rows through TMA tiles of their own");
   static constexpr int kSN = kSplitD ? kBlockM / kConsumers : kBlockM;  // of S^T per warpgroup
   static constexpr int kStages = kStages_;
   static constexpr int kThreads = (kConsumers + 1) * kWarpgroupThreads;
@@ -85,7 +97,7 @@ struct BwdConfig {
   // kDqTma: per warpgroup, dQ rows x 64 columns in float32, as 32-column
   // (128-byte) swizzled boxes.
   static constexpr int kDqBoxCols = kSwizzleRowBytes / 4;
-  static constexpr int kDqBlockBytes = kBlockM * kSwizzleCols * 4;  // one 64-column block
+  static constexpr int kDqBlockBytes = kDqRows * kSwizzleCols * 4;  // one 64-column block
   static constexpr bool kDqInStage = kDqInStage_;
   static_assert(!kDqInStage || kDqTma, "dQ staged for TMA reductions");
   static_assert(!(kSplitD && kDqTma) || kDqInStage, "kSplitD has no room for dQ tiles");
@@ -128,13 +140,19 @@ struct BwdConfig {
 template <int kHeadDim>
 struct BwdTiles;
 // Head dim 128 fits the TMA dQ tiles with a 2-stage ring (3 stages measured
-// the same, third session).
+// the same, third session); so does head dim 64 with 128-query steps.
 template <>
-struct BwdTiles<64> { using type = BwdConfig<64, 3, false, false, true>; };
+struct BwdTiles<64> { using type = BwdConfig<64, 2, false, false, true, false, 128>; };
 template <>
 struct BwdTiles<128> { using type = BwdConfig<128, 2, false, false, true>; };
 template <>
 struct BwdTiles<256> { using type = BwdConfig<256, 2, true, true, true, true>; };
+// Segment ids, the boolean mask, soft cap and dropout (kMasks, kScores,
+// kDropout): 64-query steps (their visibility bits cover 64 queries).
+template <int kHeadDim>
+struct BwdFeatureTiles : BwdTiles<kHeadDim> {};
+template <>
+struct BwdFeatureTiles<64> { using type = BwdConfig<64, 3, false, false, true>; };
 // kBias instances: the bias tiles take the room of the TMA dQ tiles (head
 // dim 64 and 128: dQ goes through the stage); head dim 256 has no room for
 // them (its bias is read per element, kScores).
@@ -146,10 +164,10 @@ template <>
 struct BwdBiasTiles<128> { using type = BwdConfig<128, 2, false, false, true, true>; };
 
 struct BwdSm90Args {
-  CUtensorMap q_map, do_map;   // box 64 rows
+  CUtensorMap q_map, do_map;   // box kBlockM rows
   CUtensorMap k_map, v_map;    // box 128 rows
   CUtensorMap dk_map, dv_map;  // box 64 rows (one consumer warpgroup)
-  CUtensorMap dq_map;          // kDqTma: dq_accum, float32, box 64 rows x 32 columns
+  CUtensorMap dq_map;          // kDqTma: dq_accum, float32, box kDqRows x 32 columns
   BwdArgs a;
   CUtensorMap bias_map;  // kBias instances: box 64 query rows x 128 bytes of keys
   // kBias with one writer per dbias element in the bias's dtype: each step's
@@ -173,6 +191,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // Soft cap and dropout form P^T and dS^T in one pass after both products
   // (score_step); the others, kBias included, form P^T while dP^T runs.
   constexpr bool kFused = kFeat == kScores || kFeat == kDropout;
+  static_assert(kFeat == kPlain || kBM == 64, "the feature instances' bitmasks hold 64 queries");
+  // 128-query steps: dV waits for dS (dS goes into dpt), since P^T, its
+  // 16-bit copy, dP^T and dK/dV held together would need 224 registers.
+  constexpr bool kDvAfterDs = Cfg::kDqByRows;
   const BwdArgs& a = p.a;
   const ShapeArgs& sh = a.shape;
 
@@ -632,14 +654,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
               }
         }
       }
-      // dS^T [kBN keys][kBM queries] in shared memory (swizzled) for dQ = dS
-      // K; kSplitD: P^T beside it, each warpgroup writing its query columns.
+      // dS^T [kBN keys][kBM queries] in shared memory (swizzled, in column
+      // blocks of 64 queries) for dQ = dS K; kSplitD: P^T beside it, each
+      // warpgroup writing its query columns.
       const uint32_t ds_buf = ds_sa + (it % 2) * Cfg::kDsBytes;
       [[maybe_unused]] const uint32_t p_buf = p_sa + (it % 2) * Cfg::kDsBytes;
       [[maybe_unused]] uint32_t pa[kSN / 16][4], dsa[kSN / 16][4];
-      if constexpr (Cfg::kSplitD) {
-        store_keys_by_queries(p_buf, st);
-      } else {
+      auto issue_dv = [&] {
 #pragma unroll
         for (int kk = 0; kk < kSN / 16; ++kk) acc_to_a<kDt>(pa[kk], st[2 * kk], st[2 * kk + 1]);
         wgmma_fence();
@@ -647,10 +668,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         for (int kk = 0; kk < kBM / kWgmmaK; ++kk)
           wgmma_rs<kDt, kAcc>(dv, pa[kk], acc_b_desc(do_tile(s), kk));
         wgmma_commit();
-      }
+      };
+      if constexpr (Cfg::kSplitD)
+        store_keys_by_queries(p_buf, st);
+      else if constexpr (!kDvAfterDs)
+        issue_dv();
+      // dS^T: in dpt where score_step or kDvAfterDs put it, else in st.
+      float(&ds_frag)[kSN / 8][4] = kFused || kDvAfterDs ? dpt : st;
       if constexpr (!kFused) {
-        // dP^T is in (without kSplitD, dV += P^T dO may still run).
-        wgmma_wait<Cfg::kSplitD ? 0 : 1>();
+        // dP^T is in (without kSplitD or kDvAfterDs, dV += P^T dO may still run).
+        wgmma_wait<Cfg::kSplitD || kDvAfterDs ? 0 : 1>();
         fence_operands(dpt);
 
         [[maybe_unused]] const long long bias_h =
@@ -663,22 +690,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                        : "r"(delta_vec(s) + 4 * (q_frag0 + 8 * j)));
 #pragma unroll
           for (int h2 = 0; h2 < 2; ++h2) {
-            st[j][2 * h2] *= dpt[j][2 * h2] - d2.x;
-            st[j][2 * h2 + 1] *= dpt[j][2 * h2 + 1] - d2.y;
+            ds_frag[j][2 * h2] = st[j][2 * h2] * (dpt[j][2 * h2] - d2.x);
+            ds_frag[j][2 * h2 + 1] = st[j][2 * h2 + 1] * (dpt[j][2 * h2 + 1] - d2.y);
             if constexpr (kFeat == kBias) {  // dbias = dS
 #pragma unroll
               for (int e = 0; e < 2; ++e)
                 put_dbias(bias_elem_addr(s, j, h2, e), bias_h, m0 + q_frag0 + 8 * j + e,
-                          n0 + thread_key0 + 8 * h2, st[j][2 * h2 + e]);
+                          n0 + thread_key0 + 8 * h2, ds_frag[j][2 * h2 + e]);
             }
           }
         }
+        if constexpr (kDvAfterDs) issue_dv();
       }
       if constexpr (Cfg::kSplitD) {
-        if constexpr (kFused)  // score_step left dS^T in dpt
-          store_keys_by_queries(ds_buf, dpt);
-        else
-          store_keys_by_queries(ds_buf, st);
+        store_keys_by_queries(ds_buf, ds_frag);
         fence_proxy_async();
         named_barrier_sync(1, Cfg::kConsumers * kWarpgroupThreads);
         // Both halves of P^T and dS^T are in: dV += P^T dO, dK += dS^T Q
@@ -693,12 +718,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         wgmma_commit();
       } else {
 #pragma unroll
-        for (int kk = 0; kk < kSN / 16; ++kk) {
-          if constexpr (kFused)  // score_step left dS^T in dpt
-            acc_to_a<kDt>(dsa[kk], dpt[2 * kk], dpt[2 * kk + 1]);
-          else
-            acc_to_a<kDt>(dsa[kk], st[2 * kk], st[2 * kk + 1]);
-        }
+        for (int kk = 0; kk < kSN / 16; ++kk)
+          acc_to_a<kDt>(dsa[kk], ds_frag[2 * kk], ds_frag[2 * kk + 1]);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBM / kWgmmaK; ++kk)
@@ -712,8 +733,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             const int r = thread_key0 + 8 * h2;
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
-              const int chunk = 2 * kk + half;
-              st_shared_b32(ds_buf + swizzled_offset(r, chunk) + 4 * t, dsa[kk][2 * half + h2]);
+              const int chunk = 2 * kk + half;  // of 8 queries; 8 per 64-query column block
+              st_shared_b32(ds_buf + (chunk / 8) * col_block_bytes<kBN>() +
+                                swizzled_offset(r, chunk % 8) + 4 * t,
+                            dsa[kk][2 * half + h2]);
             }
           }
         fence_proxy_async();
@@ -748,12 +771,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if constexpr (Cfg::kDqInStage) named_barrier_sync(1, Cfg::kConsumers * kWarpgroupThreads);
       if (!Cfg::kDqInStage || ct != 0) mbar_arrive(ring.empty(s));
 
-      // dQ rows m0 + 16 w + g (+ 8), in 64-column blocks: keys [key_lo,
-      // key_lo + dq_keys) of the tile times columns of K block cb.
+      // dQ rows dq_m0 + 16 w + g (+ 8), in 64-column blocks: keys [key_lo,
+      // key_lo + dq_keys) of the tile times columns of K block cb; kDqByRows:
+      // this warpgroup's 64 queries, the dS^T buffer's column block c.
       constexpr int kDqKeys = Cfg::kDqByKeys ? kWgmmaM : kBN;
       const int key_lo = Cfg::kDqByKeys ? wg_key0 : 0;
+      const int dq_m0 = m0 + (Cfg::kDqByRows ? c * kWgmmaM : 0);
+      const uint32_t ds_rows = ds_buf + (Cfg::kDqByRows ? c * col_block_bytes<kBN>() : 0);
       int cb_lo = c, cb_hi = c + 1;  // split by columns
-      if (Cfg::kSplitD) {
+      if (Cfg::kDqByRows) {
+        cb_lo = 0;
+        cb_hi = kCB;
+      } else if (Cfg::kSplitD) {
         cb_lo = acc_cb0;
         cb_hi = acc_cb0 + kAcc / kSwizzleCols;
       } else if (Cfg::kDqByKeys) {
@@ -770,7 +799,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         for (int k = 0; k < kDqKeys / kWgmmaK; ++k) {
           const int row = key_lo + k * kWgmmaK;
           wgmma_ss_tt<kDt, kSwizzleCols>(
-              dq, smem_desc(ds_buf + row * kSwizzleRowBytes, 0),
+              dq, smem_desc(ds_rows + row * kSwizzleRowBytes, 0),
               smem_desc(k_sa + cb * col_block_bytes<kBN>() + row * kSwizzleRowBytes, 0), k > 0);
         }
         wgmma_commit();
@@ -787,7 +816,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           for (int h2 = 0; h2 < 2; ++h2)
 #pragma unroll
             for (int j = 0; j < kSwizzleCols / 8; ++j) {
-              const uint32_t at = tile + (j / 4) * col_block_bytes<kBM>() +
+              const uint32_t at = tile + (j / 4) * col_block_bytes<Cfg::kDqRows>() +
                                   swizzled_offset(w * 16 + g + 8 * h2, 2 * (j % 4) + t / 2) +
                                   8 * (t % 2);
               asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(dq[j][2 * h2]),
@@ -799,14 +828,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           if (ct == 0) {  // rows past seqlen_q and columns past head_dim are clipped
 #pragma unroll
             for (int box = 0; box < kSwizzleCols / Cfg::kDqBoxCols; ++box)
-              tma_reduce_add_4d(&p.dq_map, tile + box * col_block_bytes<kBM>(),
-                                cb * kSwizzleCols + box * Cfg::kDqBoxCols, h, m0, b);
+              tma_reduce_add_4d(&p.dq_map, tile + box * col_block_bytes<Cfg::kDqRows>(),
+                                cb * kSwizzleCols + box * Cfg::kDqBoxCols, h, dq_m0, b);
             tma_store_commit();
           }
         } else {
 #pragma unroll
           for (int h2 = 0; h2 < 2; ++h2) {
-            const int q = m0 + w * 16 + g + 8 * h2;
+            const int q = dq_m0 + w * 16 + g + 8 * h2;
             if (q < sh.seqlen_q) {
               float* row = a.dq_accum + ((int64_t(b) * sh.seqlen_q + q) * sh.num_heads + h) * sh.head_dim;
 #pragma unroll
@@ -894,7 +923,7 @@ cudaError_t launch_bwd_sm90(const BwdArgs& a, cudaStream_t stream,
       !encode_bshd(&p.dv_map, a.dv, kDt, s.batch, s.seqlen_k, s.num_kv_heads, s.head_dim, kWgmmaM))
     return cudaErrorInvalidValue;
   if (Cfg::kDqTma && !encode_bshd_f32(&p.dq_map, a.dq_accum, s.batch, s.seqlen_q, s.num_heads,
-                                      s.head_dim, Cfg::kBlockM))
+                                      s.head_dim, Cfg::kDqRows))
     return cudaErrorInvalidValue;
   auto* kernel = attn_bwd_sm90_kernel<kDt, Cfg, kFeat>;
   const int smem = kFeat == kBias ? Cfg::bias_smem_bytes(a.scores.bias_f32) : Cfg::kSmemBytes;
@@ -926,9 +955,9 @@ cudaError_t launch_bwd_sm90(const BwdArgs& a, cudaStream_t stream,
 
 template <DType kDt, int kHeadDim>
 cudaError_t run_bwd_sm90(const BwdArgs& a, cudaStream_t stream) {
-  using Cfg = typename BwdTiles<kHeadDim>::type;
+  using Cfg = typename BwdFeatureTiles<kHeadDim>::type;
   switch (feature_level(a.mask, a.scores)) {
-    case kPlain: return launch_bwd_sm90<kDt, Cfg, kPlain>(a, stream);
+    case kPlain: return launch_bwd_sm90<kDt, typename BwdTiles<kHeadDim>::type, kPlain>(a, stream);
     case kMasks: return launch_bwd_sm90<kDt, Cfg, kMasks>(a, stream);
     case kDropout: return launch_bwd_sm90<kDt, Cfg, kDropout>(a, stream);
     default: {
