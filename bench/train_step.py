@@ -15,9 +15,6 @@ variant and prints its row as JSON; `run` (bench/run.py --ops train) runs all th
 from __future__ import annotations
 
 import argparse
-import collections
-import glob
-import gzip
 import json
 import os
 import re
@@ -30,6 +27,7 @@ import numpy as np
 import optax
 
 from jaxcraft.examples import gpt
+from kernel_trace import print_kernel_times, trace_kernels
 from specs import TRAIN_SPECS
 
 VARIANTS = ("jaxcraft", "flax", "cudnn")
@@ -97,34 +95,12 @@ def kernel_times(variant: str, spec_name: str, trace_dir: str, steps: int = 3) -
   step, params, opt_state, tokens = _setup(variant, TRAIN_SPECS[spec_name])
   for _ in range(WARMUP):
     params, opt_state, _ = jax.block_until_ready(step(params, opt_state, tokens))
-  with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
-    for _ in range(steps):
-      params, opt_state, _ = jax.block_until_ready(step(params, opt_state, tokens))
-  path = sorted(glob.glob(os.path.join(trace_dir, "**", "perfetto_trace.json.gz"),
-                          recursive=True))[-1]
-  events = json.load(gzip.open(path))["traceEvents"]
-  names = {(e["pid"], e.get("tid"), e["name"]): str(e.get("args", {}).get("name", ""))
-           for e in events if e.get("ph") == "M"}
-  gpu = {pid for (pid, _, kind), name in names.items() if kind == "process_name" and "GPU" in name}
-  # The device's stream lines hold the kernels ("XLA Ops"/"XLA Modules" lines repeat them).
-  streams = {(pid, tid) for (pid, tid, kind), name in names.items()
-             if pid in gpu and kind == "thread_name" and name.startswith("Stream")}
-  if not streams:
-    raise RuntimeError(f"no GPU stream in the trace; its lines: {sorted(set(names.values()))}")
-  kernels = sorted((e["ts"], e.get("dur", 0), e["name"]) for e in events
-                   if e.get("ph") == "X" and (e.get("pid"), e.get("tid")) in streams)
-  total, calls = collections.Counter(), collections.Counter()
-  # Idle device time between a kernel's end and the next start, by the pair around it.
-  gaps, end, before = collections.Counter(), None, None
-  for ts, dur, name in kernels:
-    total[name] += dur / steps
-    calls[name] += 1 / steps
-    if end is not None and ts > end:
-      gaps[(before[:60], name[:60])] += (ts - end) / steps
-    if end is None or ts + dur > end:
-      end, before = ts + dur, name
-  rows = [(name, us, calls[name]) for name, us in total.most_common()]
-  return rows, (end - kernels[0][0]) / steps, gaps
+  state = [params, opt_state]
+
+  def one_step():  # parameters and optimizer state are donated: carry the new ones
+    state[0], state[1], _ = jax.block_until_ready(step(*state, tokens))
+
+  return trace_kernels(one_step, trace_dir, steps)
 
 
 def _spec_name() -> str:
@@ -165,14 +141,7 @@ def main():
                       help="trace 3 steps into DIR and print GPU time per kernel instead")
   args = parser.parse_args()
   if args.profile:
-    rows, span, gaps = kernel_times(args.model, args.spec, args.profile)
-    print(f"{args.model}: device span {span / 1e3:.2f} ms per step, idle "
-          f"{sum(gaps.values()) / 1e3:.2f} ms; largest idle gaps (us per step):")
-    for (before, after), us in gaps.most_common(12):
-      print(f"  {us:8.1f}  {before}  ->  {after}")
-    print(f"{args.model}: GPU kernel time {sum(r[1] for r in rows) / 1e3:.2f} ms per step")
-    for name, us, n in rows[:40]:
-      print(f"{us:10.1f} us {n:6.1f} calls  {name[:150]}")
+    print_kernel_times(args.model, *kernel_times(args.model, args.spec, args.profile))
     return
   print(json.dumps(measure(args.model, args.spec)))
 

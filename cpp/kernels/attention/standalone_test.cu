@@ -15,7 +15,9 @@
 // alternatives measured for them, `bwdvariants` the head-dim-64 backward's
 // query steps (128 against 64), `only=TEXT` keeps the correctness cases whose name contains TEXT.
 // Every case prints PASS or FAIL; the last correctness line sums them up and
-// lists the failed cases.
+// lists the failed cases. JAXCRAFT_ATTENTION_PERSISTENT_CTAS=3 makes the
+// Hopper forward's persistent CTAs walk several of these small cases' work
+// items each.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>

@@ -36,8 +36,18 @@ inline bool disabled_by_env() {
   return off;
 }
 
-// True when this build carries the sm_90a kernel and the current device can
-// run it.
+// JAXCRAFT_ATTENTION_PERSISTENT_CTAS=n caps the Hopper forward's persistent
+// grid at n CTAs, so that the small shapes of the tests and of
+// compute-sanitizer walk several work items per CTA (the paths between
+// items: Q buffers, causal pairs, the stage released in the next item).
+inline int persistent_grid_size() {
+  static const int cap = [] {
+    const char* v = std::getenv("JAXCRAFT_ATTENTION_PERSISTENT_CTAS");
+    return v != nullptr && std::atoi(v) > 0 ? std::atoi(v) : 0;
+  }();
+  return cap > 0 ? cap : multiprocessor_count();
+}
+
 // Calls run(std::integral_constant<int, bucket>) for the head-dim buckets
 // the Hopper kernels cover; false (the portable kernels take the call) for
 // other buckets or when the environment forces the portable path.

@@ -378,6 +378,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int wg_row0 = c * kWgmmaM;            // first tile row of this warpgroup
   const int thread_row0 = wg_row0 + w * 16 + g;  // this thread's rows: + 0 and + 8
 
+  // With O in the stage (plain instance), thread 0 of the warpgroup does not
+  // wait for its O store to read the stage: it releases the stage for all
+  // its warps in the next item, once that item's first S = Q K^T is issued,
+  // so the store's read overlaps the next item instead of stalling the
+  // warpgroup. (The feature instances release by every thread.)
+  constexpr bool kLateRelease = kFeat == kPlain && Cfg::kOInStage;
+  int stored_stage = -1;  // thread 0: the stage its O store is still reading
+  auto release_stored = [&] {
+    if (kLateRelease && stored_stage >= 0) {
+      tma_store_wait_read();
+      mbar_arrive(ring.empty(stored_stage), 4);  // one per warp, as release() counts
+      stored_stage = -1;
+    }
+  };
+
   int it0 = 0, n = 0;  // ring uses before this work item; items done
   for (Cursor cur{int(blockIdx.x), 0}; cur.unit < p.units; cur = next_item(cur), ++n) {
     const Work wk = work_at(cur);
@@ -643,6 +658,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       for (int it = 0; it < n_tiles; ++it) {
         ring.wait_full(it0 + it);
         issue_scores(it);
+        if (it == 0) release_stored();
         wgmma_wait<0>();
         q_read(it);
         mask_scores(t_begin + it);
@@ -662,6 +678,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (Cfg::kOverlap && n_tiles > 0) {
       ring.wait_full(it0);
       issue_scores(0);
+      release_stored();
       wgmma_wait<0>();
       q_read(0);
       mask_scores(t_begin);
@@ -714,9 +731,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if (t == 0 && r < rows_out)
         lse[r] = seen ? (row_max[0][h] + __log2f(sum)) * kLn2 : -INFINITY;
     }
-    const uint32_t o_tile = o_in_stage ? k_tile(ring.stage(it0 + n_tiles - 1)) : q_tile(n);
-    // Every warpgroup's last products have read the stage.
-    if (o_in_stage) named_barrier_sync(1 + Cfg::kConsumers, Cfg::kConsumers * kWarpgroupThreads);
+    const int o_stage = ring.stage(it0 + n_tiles - 1);
+    const uint32_t o_tile = o_in_stage ? k_tile(o_stage) : q_tile(n);
+    release_stored();  // an item without keys issued no S = Q K^T
+    // Every warpgroup's last products have read the stage. Where O fits the
+    // stage's K tile, the Q release says so (each warp arrives once its last
+    // S = Q K^T is in), and no warpgroup waits for another's epilogue.
+    if (o_in_stage) {
+      if constexpr (Cfg::kQBytes <= Cfg::kKVBytes)
+        mbar_wait(q_empty(n), q_parity(n));
+      else
+        named_barrier_sync(1 + Cfg::kConsumers, Cfg::kConsumers * kWarpgroupThreads);
+    }
 #pragma unroll
     for (int j = 0; j < kD / 8; ++j) {
       const int cb = j / 8, chunk = j % 8;
@@ -729,17 +755,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     fence_proxy_async();
     named_barrier_sync(1 + c, kWarpgroupThreads);
+    const bool late_release = kLateRelease && o_in_stage;
     if (ct == 0) {
       if (wg_row0 < rows_out) {
 #pragma unroll
         for (int cb = 0; cb < kCB; ++cb)
           tma_store_4d(&p.o_map, o_tile + cb * col_block_bytes<kBM>() + wg_row0 * kSwizzleRowBytes,
                        cb * kSwizzleCols, head, m0 + wg_row0, b);
-        tma_store_commit_and_wait();
+        tma_store_commit();
+        if (!late_release) tma_store_wait_read();
       }
       if (!p.o_in_stage) mbar_arrive(q_empty(n));
+      if (late_release) stored_stage = o_stage;
     }
-    if (p.o_in_stage) {
+    if (p.o_in_stage && !late_release) {
       named_barrier_sync(1 + c, kWarpgroupThreads);  // the store has read the staged O
       if (o_in_stage) {
         release(n_tiles - 1);
@@ -749,6 +778,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     it0 += t_end - t_begin;
   }
+  release_stored();  // the last store reads shared memory until here
 #endif  // JAXCRAFT_SM90A_ENABLED
 }
 
@@ -789,12 +819,13 @@ cudaError_t launch_fwd_sm90(const FwdArgs& a, cudaStream_t stream,
   p.o_in_stage = persistent && Cfg::kOInStage;
   p.unit_tiles = p.paired ? (p.m_blocks + 1) / 2 : p.m_blocks;
   const int64_t units = int64_t(p.unit_tiles) * s.num_heads * s.batch;
-  if (units + multiprocessor_count() > INT32_MAX) return cudaErrorInvalidValue;
+  const int max_grid = persistent_grid_size();
+  if (units + max_grid > INT32_MAX) return cudaErrorInvalidValue;
   p.units = static_cast<int>(units);
   // Each query head's tiles stream its KV head's K and V.
   p.tile_group = tile_group(a.mask.causal, int64_t(s.seqlen_k) * s.head_dim * 4,
                             int64_t(s.num_heads) * s.batch);
-  const int grid = persistent ? std::min(p.units, multiprocessor_count()) : p.units;
+  const int grid = persistent ? std::min(p.units, max_grid) : p.units;
   kernel<<<grid, Cfg::kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }

@@ -1,0 +1,54 @@
+"""Where an attention row's time goes: GPU time per kernel of one jitted fwd+bwd step
+(bench/attention.py's step), jaxcraft beside cuDNN, from the JAX profiler's trace.
+
+  python bench/attention_profile.py D64S4096c D128S2048 ... [--trace-dir DIR] [--mode fwd]
+
+A row name is D<head dim>S<seqlen>, with a trailing c for causal (16k tokens, as in the
+sweep)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import tempfile
+
+import jax
+import jax.numpy as jnp
+
+import attention
+from kernel_trace import print_kernel_times, trace_kernels
+from specs import AttentionSpec
+
+
+def spec_of(name: str) -> AttentionSpec:
+  m = re.fullmatch(r"D(\d+)S(\d+)(c?)", name)
+  if not m:
+    raise SystemExit(f"row {name!r}: expected D<head dim>S<seqlen>[c], e.g. D64S4096c")
+  return AttentionSpec(int(m[1]), int(m[2]), bool(m[3]))
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("rows", nargs="+")
+  parser.add_argument("--mode", choices=("fwd", "fwd+bwd"), default="fwd+bwd")
+  parser.add_argument("--trace-dir", default=None)
+  args = parser.parse_args()
+  for row in args.rows:
+    spec = spec_of(row)
+    shape = (spec.batch, spec.seqlen, spec.heads, spec.head_dim)
+    q, k, v = (jax.random.normal(kk, shape, jnp.bfloat16)
+               for kk in jax.random.split(jax.random.key(0), 3))
+    for name, fn in attention._impls(spec).items():
+      if name not in ("jaxcraft", "cudnn"):
+        continue
+      step = jax.jit((attention._fwd_bwd if args.mode == "fwd+bwd" else attention._fwd)(fn))
+      jax.block_until_ready(step(q, k, v))  # compile + warm up
+      trace_dir = args.trace_dir or tempfile.mkdtemp(prefix="attn_trace_")
+      rows, span, gaps = trace_kernels(lambda: jax.block_until_ready(step(q, k, v)),
+                                       f"{trace_dir}/{row}_{name}")
+      print_kernel_times(f"{spec.name} {name} {args.mode}", rows, span, gaps, top=12)
+
+
+if __name__ == "__main__":
+  main()
