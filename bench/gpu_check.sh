@@ -99,11 +99,14 @@ if stage sanitize; then
 fi
 if stage sanitize_standalone; then
   # The attention kernels outside JAX, small cases (SANITIZE_CASES=features:
-  # the feature cases only), on both routes (SANITIZE_ROUTES).
+  # the feature cases only), on both routes (SANITIZE_ROUTES), with the
+  # Hopper forward's persistent grid capped at 3 CTAs so that every CTA
+  # walks several work items.
   build_attn_standalone
   for route in ${SANITIZE_ROUTES:-hopper portable}; do
     for tool in memcheck racecheck synccheck; do
-      step "sanitize_standalone_${tool}_$route" compute-sanitizer --tool "$tool" \
+      JAXCRAFT_ATTENTION_PERSISTENT_CTAS=3 \
+        step "sanitize_standalone_${tool}_$route" compute-sanitizer --tool "$tool" \
         --error-exitcode 1 /tmp/attn_test.bin ${SANITIZE_CASES:-check} small $route
     done
   done
