@@ -34,6 +34,7 @@ def main():
   parser.add_argument("--mode", choices=("fwd", "fwd+bwd"), default="fwd+bwd")
   parser.add_argument("--trace-dir", default=None)
   args = parser.parse_args()
+  trace_dir = args.trace_dir or tempfile.mkdtemp(prefix="attn_trace_")
   for row in args.rows:
     spec = spec_of(row)
     shape = (spec.batch, spec.seqlen, spec.heads, spec.head_dim)
@@ -44,7 +45,6 @@ def main():
         continue
       step = jax.jit((attention._fwd_bwd if args.mode == "fwd+bwd" else attention._fwd)(fn))
       jax.block_until_ready(step(q, k, v))  # compile + warm up
-      trace_dir = args.trace_dir or tempfile.mkdtemp(prefix="attn_trace_")
       rows, span, gaps = trace_kernels(lambda: jax.block_until_ready(step(q, k, v)),
                                        f"{trace_dir}/{row}_{name}")
       print_kernel_times(f"{spec.name} {name} {args.mode}", rows, span, gaps, top=12)

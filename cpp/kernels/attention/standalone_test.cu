@@ -1196,8 +1196,10 @@ int main(int argc, char** argv) {
   {
     using jaxcraft::attn::sm90::BwdConfig;
     for (bool causal : {false, true}) {
-      // TMA dQ from tiles of its own (the default) vs staged in the Q/dO
-      // stage (the kBias instances), which leaves room for a third stage at 128.
+      // Head dim 64: 128-query steps (the plain default) vs 64-query steps
+      // (the feature instances); TMA dQ from tiles of its own vs staged in
+      // the Q/dO stage (the kBias instances), which leaves room for a third
+      // stage at 128.
       bwd_sm90_variants<64, BwdConfig<64, 2, false, false, true, false, 128>,
                         BwdConfig<64, 3, false, false, true>,
                         BwdConfig<64, 3, false, false, true, true>>(8, 2048, causal);
