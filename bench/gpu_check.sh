@@ -72,6 +72,12 @@ for op in activations embedding softmax; do
       -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a \
       "cpp/kernels/$op/standalone_test.cu" "cpp/kernels/$op/launch_$op.cu" -o "/tmp/${op}_test.bin"
     step "${op}_standalone_run" "/tmp/${op}_test.bin"
+    if [[ $op == softmax ]]; then  # the rows kernels' shared-memory ring
+      for tool in memcheck racecheck synccheck; do
+        step "softmax_sanitize_$tool" compute-sanitizer --tool "$tool" --error-exitcode 1 \
+          /tmp/softmax_test.bin --no-timing
+      done
+    fi
   fi
 done
 if stage standalone_decode; then

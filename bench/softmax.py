@@ -3,6 +3,8 @@
 Implementations:
   jaxcraft  the kernel, forced (implementation="cuda"/"cpu"), whatever the
             implementation=None policy says;
+  default   jaxcraft.softmax with implementation=None: the policy's own
+            choice per pass (kernel or XLA);
   jax.nn    jax.jit(jax.nn.softmax) in the input dtype (= implementation="xla").
 Modes: "fwd" and "fwd+bwd" (the backward from y and dy = y), GB/s from
 SoftmaxSpec's byte formulas (fwd: read x + write y = 2 passes; fwd+bwd: 5
@@ -19,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxcraft
+from jaxcraft.ops import softmax as softmax_ops
 from specs import SOFTMAX_SMOKE_SPECS, SOFTMAX_SPECS, SoftmaxSpec
 from timing import time_step
 
@@ -29,10 +32,15 @@ def _kernel_platform() -> str:
   return "cuda" if jax.devices()[0].platform == "gpu" else "cpu"
 
 
-def _impls():
-  """name -> (fn(x), is a custom call)."""
+def _impls(x):
+  """name -> (fn(x), is a custom call). The policy's row is chained as a
+  custom call when its forward is the kernel (timing.py: XLA's own ops are
+  timed in a loop, or consecutive steps would fuse)."""
   k = _kernel_platform()
+  row_bytes = x.shape[-1] * x.dtype.itemsize
+  policy_kernel = softmax_ops.default_implementation(k, "fwd", row_bytes) == "kernel"
   return {"jaxcraft": (lambda x: jaxcraft.softmax(x, implementation=k), True),
+          "default": (jaxcraft.softmax, policy_kernel),
           "jax.nn": (jax.nn.softmax, False)}
 
 
@@ -61,7 +69,7 @@ def run(bandwidth: float, specs=None):
     for dtype in DTYPES:
       x = (3 * jax.random.normal(jax.random.key(0), (spec.rows, spec.cols), jnp.float32)).astype(dtype)
       itemsize = jnp.dtype(dtype).itemsize
-      for name, (fn, custom_call) in _impls().items():
+      for name, (fn, custom_call) in _impls(x).items():
         cases = [("fwd", lambda: time_step(fn, x, custom_call=custom_call), spec.fwd_bytes(itemsize)),
                  ("fwd+bwd", lambda: time_step(_fwd_bwd_step(fn), x, custom_call=custom_call),
                   spec.fwd_bwd_bytes(itemsize))]

@@ -136,6 +136,19 @@ def test_policy_decides_implementation_none(platform, monkeypatch):
     np.testing.assert_allclose(jaxcraft.softmax(x), jax.nn.softmax(x), rtol=2e-6, atol=1e-7)
 
 
+def test_policy_row_width_limits(monkeypatch):
+  monkeypatch.setitem(softmax_ops.DEFAULT_IMPLEMENTATION, "cuda", ("kernel", "kernel", 65536, 16384))
+  pick = softmax_ops.default_implementation
+  assert [pick("cuda", "fwd", b) for b in (8192, 65536, 65538)] == ["kernel", "kernel", "xla"]
+  assert [pick("cuda", "bwd", b) for b in (16384, 16386)] == ["kernel", "xla"]
+  assert pick("cuda", "bwd") == "kernel"  # no width given: the table's choice
+  # The lowering asks with the row's bytes: 16K f32 columns fit the forward
+  # limit, 16K + 1 do not.
+  lowered = lambda cols: jax.jit(jaxcraft.softmax).lower(jnp.zeros((2, cols), F32)).as_text()
+  if jax.devices()[0].platform == "gpu":
+    assert _ffi.SOFTMAX_FWD in lowered(16384) and _ffi.SOFTMAX_FWD not in lowered(16385)
+
+
 def test_transforms(platform):
   x = random(jax.random.key(10), (4, 6, 40), jnp.bfloat16, scale=SCALE)
   where = jax.random.bernoulli(jax.random.key(11), 0.7, (4, 6, 40))

@@ -37,13 +37,17 @@ NO_MASK, SHARED_MASK, FULL_MASK = "none", "shared", "full"
 # e.g. the logits' scale or bias add, and consumer; a custom call is a fusion
 # barrier). Forward and backward choose independently: the backward kernel
 # needs only y and dy, whichever ran the forward.
-#   cuda: the kernel for rows of up to 4096 columns, XLA beyond. Measured on
-#         the H100 (`python bench/run.py --ops softmax`, kernel / jax.nn, us;
-#         bench/RESULTS.md): [16k, 4k] bf16 fwd 121 / 212, fwd+bwd 247 / 378;
-#         f32 fwd 202 / 440, fwd+bwd 396 / 371. Past 4096 columns XLA wins or
-#         ties: [16k, 32k] bf16 fwd 1481 / 1516 but fwd+bwd 4153 / 1967 (the
-#         backward streams the row twice), [4k, 128k] bf16 fwd 2034 / 1485
-#         (f32 fwd+bwd 4610 / 3529, 4830 / 3508).
+#   cuda: the forward kernel for rows of up to 64 KiB (32K bf16 / 16K f32
+#         columns: the rows kernel, whose shared-memory ring holds them),
+#         the backward kernel up to 16 KiB (4096 f32 columns), XLA beyond.
+#         Measured on the H100 (`python bench/run.py --ops softmax`, kernel
+#         / jax.nn, us; bench/RESULTS.md, thirteenth session): [16k, 4k]
+#         bf16 fwd 114 / 189, fwd+bwd 208 / 382; f32 fwd 208 / 358, fwd+bwd
+#         405 / 374. [16k, 32k] bf16 fwd 786 / 1526, but fwd+bwd 3542 / 1977
+#         (the backward kernel streams rows past 16K bf16 columns twice; the
+#         policy's kernel forward + XLA backward: 1902). Wider rows go to the
+#         stream kernel, slower than XLA: [16k, 32k] f32 fwd+bwd 4376 /
+#         3543, [4k, 128k] bf16 fwd 1849 / 1477.
 #   cpu:  XLA. Measured on a 2-core AVX2 machine shared with other jobs
 #         (kernel / XLA, ms): [1024, 4096] fwd 6.2 / 2.7 (f32), 7.5 / 4.1
 #         (bf16); fwd+bwd 7.7 / 3.6 (f32), 10.8 / 8.5 (bf16); [64, 50257]
@@ -51,21 +55,23 @@ NO_MASK, SHARED_MASK, FULL_MASK = "none", "shared", "full"
 #         wins in bf16 (fwd+bwd 6.2 / 10.1 ms at [64, 50257]) but loses in
 #         f32; XLA's forward (AVX2 exp, fused) wins everywhere.
 DEFAULT_IMPLEMENTATION = {
-    # platform: (forward, backward[, the most columns the kernel is chosen for])
-    "cuda": ("kernel", "kernel", 4096),
+    # platform: (forward, backward[, the widest row in bytes the forward
+    # kernel is chosen for, the widest the backward kernel is])
+    "cuda": ("kernel", "kernel", 64 * 1024, 16 * 1024),
     "cpu": ("xla", "xla"),
 }
 PASSES = ("fwd", "bwd")
 
 
-def default_implementation(platform: str, pass_: str = "fwd", cols: int | None = None) -> str:
+def default_implementation(platform: str, pass_: str = "fwd", row_bytes: int | None = None) -> str:
   """"kernel" or "xla": what `implementation=None` runs for the forward or
-  backward pass (`pass_`) on `platform` for rows of `cols` columns (see
+  backward pass (`pass_`) on `platform` for rows of `row_bytes` bytes (see
   DEFAULT_IMPLEMENTATION)."""
   choice = DEFAULT_IMPLEMENTATION.get(platform, ("xla", "xla"))
-  if cols is not None and len(choice) > 2 and cols > choice[2]:
+  index = PASSES.index(pass_)
+  if row_bytes is not None and len(choice) > 2 and row_bytes > choice[2 + index]:
     return "xla"
-  return choice[PASSES.index(pass_)]
+  return choice[index]
 
 # ---------------------------------------------------------------- reference
 def softmax_reference(x, axis=-1, where=None):
@@ -84,8 +90,9 @@ def softmax_reference(x, axis=-1, where=None):
 def _policy(pass_, platform, avals_in, *, implementation):
   """The policy table's choice, under implementation=None only (a forced
   kernel always runs)."""
-  cols = avals_in[0].shape[1]  # x is [rows, cols] here
-  if implementation is None and default_implementation(platform, pass_, cols) == "xla":
+  x = avals_in[0]  # [rows, cols] here
+  row_bytes = x.shape[1] * x.dtype.itemsize
+  if implementation is None and default_implementation(platform, pass_, row_bytes) == "xla":
     return f"the implementation=None policy runs XLA for softmax {pass_} on {platform}"
   return None
 

@@ -1,6 +1,7 @@
-// Warp-level tensor-core primitives for sm_80+ as inline PTX: cp.async,
-// ldmatrix and mma.sync m16n8k16 (16-bit inputs, fp32 accumulators), plus
-// fragment loaders for the four operand layouts the attention kernels use.
+// Warp-level tensor-core primitives for sm_80+ as inline PTX: ldmatrix and
+// mma.sync m16n8k16 (16-bit inputs, fp32 accumulators), plus fragment loaders
+// for the four operand layouts the attention kernels use (cp.async:
+// common/cp_async.cuh).
 //
 // Fragment conventions (PTX ISA, mma.m16n8k16): lane = 4 * g + t with
 // g in [0, 8), t in [0, 4).
@@ -13,6 +14,7 @@
 
 #include <cstdint>
 
+#include "common/cp_async.cuh"
 #include "common/dtype.h"
 
 namespace jaxcraft {
@@ -28,23 +30,6 @@ constexpr int kElemsPerCopy = kCopyBytes / 2;  // 16-bit elements
 template <DType kDt> struct ElemOf;
 template <> struct ElemOf<DType::kBF16> { using type = __nv_bfloat16; };
 template <> struct ElemOf<DType::kF16> { using type = __half; };
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// src_ok = false writes 16 zero bytes without reading src, which is how tile
-// edges (rows past the sequence, columns past head_dim) become zero padding.
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool src_ok) {
-  const int src_bytes = src_ok ? kCopyBytes : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"

@@ -1,6 +1,6 @@
 // Device code shared by the decode kernels: the launch-time arguments, the
 // paged-cache addressing, the per-row masks, and sm_80 PTX wrappers
-// (cp.async, ldmatrix, mma.sync m16n8k16).
+// (ldmatrix, mma.sync m16n8k16; cp.async: common/cp_async.cuh).
 //
 // mma.m16n8k16 fragments (PTX ISA), lane = 4 * g + t, g in [0, 8), t in [0, 4):
 //   A (16x16 rows x k): a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..), a3 = (g+8, 2t+8..)
@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/cp_async.cuh"
 #include "kernels/decode/fast_divmod.h"
 #include "kernels/decode/params.h"
 
@@ -158,22 +159,6 @@ __device__ __forceinline__ void store4(T* dst, float4 v) {
 }
 
 // ---------------------------------------------------------------- sm_80 PTX
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// src_ok = false writes 16 zero bytes and reads nothing (src may be any
-// valid address then): masked keys and padded head dims become zeros.
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool src_ok) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_ok ? kCopyBytes : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
-
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

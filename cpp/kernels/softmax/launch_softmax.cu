@@ -3,6 +3,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <initializer_list>
 
@@ -66,92 +67,169 @@ bool all_aligned(std::initializer_list<const void*> ptrs) {
   return true;
 }
 
-// Enough resident rows for the whole GPU without a giant grid: grid-stride
-// loops cover the rest.
+// Stream kernels: enough resident rows for the whole GPU without a giant
+// grid; grid-stride loops cover the rest.
 constexpr int64_t kMaxGrid = 1 << 16;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-template <int kGroup>
-unsigned grid_for(int64_t rows) {
+template <int kGroup, typename Params>
+void launch_stream(void (*kernel)(Params), const Params& p, cudaStream_t stream) {
   constexpr int kRowsPerBlock = block_threads<kGroup>() / kGroup;
-  return static_cast<unsigned>(std::min(kMaxGrid, ceil_div(rows, kRowsPerBlock)));
+  const auto grid = static_cast<unsigned>(std::min(kMaxGrid, ceil_div(p.rows, kRowsPerBlock)));
+  kernel<<<grid, block_threads<kGroup>(), 0, stream>>>(p);
 }
-
-template <typename Kernel, int kGroup, typename Params>
-void launch(Kernel kernel, const Params& p, cudaStream_t stream) {
-  kernel<<<grid_for<kGroup>(p.rows), block_threads<kGroup>(), 0, stream>>>(p);
-}
-
-#define JAXCRAFT_ROWS_CASE(kernel, G, V) \
-  case config_key(G, V): launch<decltype(&kernel<T, G, V>), G>(kernel<T, G, V>, p, stream); break;
 
 template <typename T, bool kVec>
 void fwd_stream(const SoftmaxFwdParams& p, cudaStream_t stream) {
   using softmax::softmax_fwd_stream_kernel;
-  if (p.cols <= kStreamWarpCols)
-    launch<decltype(&softmax_fwd_stream_kernel<T, 32, kVec>), 32>(softmax_fwd_stream_kernel<T, 32, kVec>, p, stream);
-  else if (p.cols <= kStreamMidCols)
-    launch<decltype(&softmax_fwd_stream_kernel<T, 256, kVec>), 256>(softmax_fwd_stream_kernel<T, 256, kVec>, p, stream);
-  else
-    launch<decltype(&softmax_fwd_stream_kernel<T, 1024, kVec>), 1024>(softmax_fwd_stream_kernel<T, 1024, kVec>, p, stream);
+  if (p.cols <= kStreamWarpCols) launch_stream<32>(softmax_fwd_stream_kernel<T, 32, kVec>, p, stream);
+  else if (p.cols <= kStreamMidCols) launch_stream<256>(softmax_fwd_stream_kernel<T, 256, kVec>, p, stream);
+  else launch_stream<1024>(softmax_fwd_stream_kernel<T, 1024, kVec>, p, stream);
 }
 
 template <typename T, bool kVec>
 void bwd_stream(const SoftmaxBwdParams& p, cudaStream_t stream) {
   using softmax::softmax_bwd_stream_kernel;
-  if (p.cols <= kStreamWarpCols)
-    launch<decltype(&softmax_bwd_stream_kernel<T, 32, kVec>), 32>(softmax_bwd_stream_kernel<T, 32, kVec>, p, stream);
-  else if (p.cols <= kStreamMidCols)
-    launch<decltype(&softmax_bwd_stream_kernel<T, 256, kVec>), 256>(softmax_bwd_stream_kernel<T, 256, kVec>, p, stream);
-  else
-    launch<decltype(&softmax_bwd_stream_kernel<T, 1024, kVec>), 1024>(softmax_bwd_stream_kernel<T, 1024, kVec>, p, stream);
+  if (p.cols <= kStreamWarpCols) launch_stream<32>(softmax_bwd_stream_kernel<T, 32, kVec>, p, stream);
+  else if (p.cols <= kStreamMidCols) launch_stream<256>(softmax_bwd_stream_kernel<T, 256, kVec>, p, stream);
+  else launch_stream<1024>(softmax_bwd_stream_kernel<T, 1024, kVec>, p, stream);
 }
+
+// Rows kernels: the deepest ring (up to kRingStages rows in flight per
+// thread group) that fits a block's shared memory, and a grid of the blocks
+// that are resident at once, each walking its rows through its ring.
+constexpr int kRingStages = 3;
+constexpr int kStaticSmemMargin = 1024;  // the kernels' own reduction slots
+constexpr int kMaxDevices = 64;
+
+// Resident blocks per SM of kKernel at `smem` bytes of ring, asked once per
+// device and ring size (a forward kernel has two: with and without a mask),
+// since the occupancy query and the shared-memory opt-in cost host time.
+template <auto kKernel>
+cudaError_t resident_blocks(int device, int threads, int smem, int smem_limit, int* out) {
+  static std::atomic<int64_t> cache[kMaxDevices][2];  // smem << 32 | blocks; 0: empty
+  const int64_t key = int64_t{smem} << 32;
+  if (device < kMaxDevices) {
+    for (auto& slot : cache[device]) {
+      const int64_t v = slot.load(std::memory_order_relaxed);
+      if (v != 0 && (v & ~int64_t{0xffffffff}) == key) {
+        *out = static_cast<int>(v & 0xffffffff);
+        return cudaSuccess;
+      }
+    }
+  }
+  cudaError_t err = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_limit);
+  if (err != cudaSuccess) return err;
+  int blocks = 0;
+  if ((err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kKernel, threads, smem)) != cudaSuccess)
+    return err;
+  *out = blocks = std::max(blocks, 1);
+  if (device < kMaxDevices) {
+    for (auto& slot : cache[device]) {
+      int64_t empty = 0;
+      if (slot.compare_exchange_strong(empty, key | blocks)) break;
+    }
+  }
+  return cudaSuccess;
+}
+
+// Launches kKernel (kGroup threads per row, stage_bytes of ring per row in
+// flight). False, launching nothing, when not even one stage fits (the
+// caller streams instead).
+template <int kGroup, auto kKernel, typename Params>
+bool launch_rows(int stage_bytes, const Params& p, cudaStream_t stream, cudaError_t* err) {
+  constexpr int kThreads = block_threads<kGroup>();
+  int device = 0, optin = 0, sms = 0, resident = 0;
+  if ((*err = cudaGetDevice(&device)) != cudaSuccess ||
+      (*err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device)) !=
+          cudaSuccess ||
+      (*err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess)
+    return true;
+  const int smem_limit = optin - kStaticSmemMargin;
+  const int stages = std::min(kRingStages, smem_limit / stage_bytes);
+  if (stages < 1) return false;
+  const int smem = stages * stage_bytes;
+  if ((*err = resident_blocks<kKernel>(device, kThreads, smem, smem_limit, &resident)) != cudaSuccess)
+    return true;
+  constexpr int kRowsPerBlock = kThreads / kGroup;
+  const int64_t grid = std::min(ceil_div(p.rows, kRowsPerBlock), int64_t{resident} * sms);
+  kKernel<<<static_cast<unsigned>(grid), kThreads, smem, stream>>>(p, stages);
+  *err = cudaGetLastError();
+  return true;
+}
+
+// Ring bytes per row in flight: the forward's x vectors and mask bytes, the
+// backward's y and dy vectors.
+template <typename T>
+int fwd_stage_bytes(int threads, int vecs, bool mask) {
+  return threads * vecs * (int(sizeof(Vec<T>)) + (mask ? Vec<T>::kN : 0));
+}
+template <typename T>
+int bwd_stage_bytes(int threads, int vecs) {
+  return 2 * threads * vecs * int(sizeof(Vec<T>));
+}
+
+#define JAXCRAFT_FWD_ROWS_CASE(G, V)                                                      \
+  case config_key(G, V):                                                                  \
+    ran = launch_rows<G, softmax::softmax_fwd_rows_kernel<T, G, V>>(                      \
+        fwd_stage_bytes<T>(block_threads<G>(), V, p.mask != nullptr), p, stream, &err);   \
+    break;
+#define JAXCRAFT_BWD_ROWS_CASE(G, V)                                                  \
+  case config_key(G, V):                                                              \
+    ran = launch_rows<G, softmax::softmax_bwd_rows_kernel<T, G, V>>(                  \
+        bwd_stage_bytes<T>(block_threads<G>(), V), p, stream, &err);                  \
+    break;
 
 template <typename T>
 cudaError_t fwd_typed(const SoftmaxFwdParams& p, cudaStream_t stream) {
-  using softmax::softmax_fwd_rows_kernel;
   const bool vec = all_aligned({p.x, p.y});
   const Config cfg = vec && all_aligned({p.mask}) && p.cols % Vec<T>::kN == 0
                          ? pick_config(p.cols / Vec<T>::kN, false)
                          : Config{};
+  cudaError_t err = cudaSuccess;
+  bool ran = false;
   switch (config_key(cfg.group, cfg.vecs)) {
-    JAXCRAFT_ROWS_CASE(softmax_fwd_rows_kernel, 32, 1)
-    JAXCRAFT_ROWS_CASE(softmax_fwd_rows_kernel, 32, 2)
-    JAXCRAFT_ROWS_CASE(softmax_fwd_rows_kernel, 32, 4)
-    JAXCRAFT_ROWS_CASE(softmax_fwd_rows_kernel, 64, 4)
-    JAXCRAFT_ROWS_CASE(softmax_fwd_rows_kernel, 128, 4)
-    JAXCRAFT_ROWS_CASE(softmax_fwd_rows_kernel, 256, 4)
-    JAXCRAFT_ROWS_CASE(softmax_fwd_rows_kernel, 512, 4)
-    JAXCRAFT_ROWS_CASE(softmax_fwd_rows_kernel, 1024, 4)
-    default:
-      if (vec) fwd_stream<T, true>(p, stream);
-      else fwd_stream<T, false>(p, stream);
+    JAXCRAFT_FWD_ROWS_CASE(32, 1)
+    JAXCRAFT_FWD_ROWS_CASE(32, 2)
+    JAXCRAFT_FWD_ROWS_CASE(32, 4)
+    JAXCRAFT_FWD_ROWS_CASE(64, 4)
+    JAXCRAFT_FWD_ROWS_CASE(128, 4)
+    JAXCRAFT_FWD_ROWS_CASE(256, 4)
+    JAXCRAFT_FWD_ROWS_CASE(512, 4)
+    JAXCRAFT_FWD_ROWS_CASE(1024, 4)
+    default: break;
   }
+  if (ran) return err;
+  if (vec) fwd_stream<T, true>(p, stream);
+  else fwd_stream<T, false>(p, stream);
   return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t bwd_typed(const SoftmaxBwdParams& p, cudaStream_t stream) {
-  using softmax::softmax_bwd_rows_kernel;
   const bool vec = all_aligned({p.y, p.dy, p.dx});
   const Config cfg = vec && p.cols % Vec<T>::kN == 0 ? pick_config(p.cols / Vec<T>::kN, true) : Config{};
+  cudaError_t err = cudaSuccess;
+  bool ran = false;
   switch (config_key(cfg.group, cfg.vecs)) {
-    JAXCRAFT_ROWS_CASE(softmax_bwd_rows_kernel, 32, 1)
-    JAXCRAFT_ROWS_CASE(softmax_bwd_rows_kernel, 32, 2)
-    JAXCRAFT_ROWS_CASE(softmax_bwd_rows_kernel, 64, 2)
-    JAXCRAFT_ROWS_CASE(softmax_bwd_rows_kernel, 128, 2)
-    JAXCRAFT_ROWS_CASE(softmax_bwd_rows_kernel, 256, 2)
-    JAXCRAFT_ROWS_CASE(softmax_bwd_rows_kernel, 512, 2)
-    JAXCRAFT_ROWS_CASE(softmax_bwd_rows_kernel, 1024, 2)
-    default:
-      if (vec) bwd_stream<T, true>(p, stream);
-      else bwd_stream<T, false>(p, stream);
+    JAXCRAFT_BWD_ROWS_CASE(32, 1)
+    JAXCRAFT_BWD_ROWS_CASE(32, 2)
+    JAXCRAFT_BWD_ROWS_CASE(64, 2)
+    JAXCRAFT_BWD_ROWS_CASE(128, 2)
+    JAXCRAFT_BWD_ROWS_CASE(256, 2)
+    JAXCRAFT_BWD_ROWS_CASE(512, 2)
+    JAXCRAFT_BWD_ROWS_CASE(1024, 2)
+    default: break;
   }
+  if (ran) return err;
+  if (vec) bwd_stream<T, true>(p, stream);
+  else bwd_stream<T, false>(p, stream);
   return cudaGetLastError();
 }
 
-#undef JAXCRAFT_ROWS_CASE
+#undef JAXCRAFT_FWD_ROWS_CASE
+#undef JAXCRAFT_BWD_ROWS_CASE
 
 }  // namespace
 

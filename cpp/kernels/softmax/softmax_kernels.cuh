@@ -11,9 +11,10 @@
 //
 // Two kernels per direction:
 // - rows kernel: kGroup threads per row (a warp, or a whole block for wider
-//   rows), each holding kVecs 16-byte vectors in registers: x is read once
-//   and y written once (the backward: y and dy read once, dx written once).
-//   Needs cols % (16 / sizeof(T)) == 0 and 16-byte aligned buffers.
+//   rows), each holding kVecs 16-byte vectors: x is read once and y written
+//   once (the backward: y and dy read once, dx written once). Rows arrive
+//   through a shared-memory ring (row_ring.cuh) `stages` deep, chosen by the
+//   launcher. Needs cols % (16 / sizeof(T)) == 0 and 16-byte aligned buffers.
 // - stream kernel: any width and alignment. kGroup threads per row walk it
 //   twice from global memory (online pass, then the write pass; the second
 //   read mostly hits L2 while a block's row is <= a few hundred KB). Vector
@@ -29,6 +30,7 @@
 
 #include "kernels/norm/norm_common.cuh"
 #include "kernels/softmax/params.h"
+#include "kernels/softmax/row_ring.cuh"
 
 namespace jaxcraft {
 namespace softmax {
@@ -73,35 +75,55 @@ __device__ __forceinline__ MaxSum warp_max_sum(MaxSum v) {
 }
 
 // Over the kGroup threads of a row: a warp by shuffles; a whole block
-// (kGroup > 32: one row per block) through `scratch` (one slot per warp). The
-// last barrier lets the caller reuse `scratch` for its next row.
+// (kGroup > 32: one row per block, the stream kernels) through `scratch`
+// (one slot per warp), whose slots every warp merges by a second butterfly
+// (5 merges, not kWarps - 1 in a row). The last barrier lets the caller
+// reuse `scratch` for its next row.
 template <int kGroup>
 __device__ __forceinline__ MaxSum group_max_sum(MaxSum v, MaxSum* scratch) {
   v = warp_max_sum(v);
   if constexpr (kGroup > kWarp) {
     constexpr int kWarps = kGroup / kWarp;
-    if (threadIdx.x % kWarp == 0) scratch[threadIdx.x / kWarp] = v;
+    static_assert(kWarps <= kWarp, "one slot per lane");
+    const int lane = threadIdx.x % kWarp;
+    if (lane == 0) scratch[threadIdx.x / kWarp] = v;
     __syncthreads();
-    v = scratch[0];
-#pragma unroll
-    for (int w = 1; w < kWarps; ++w) v = combine(v, scratch[w]);
+    v = warp_max_sum(lane < kWarps ? scratch[lane] : MaxSum{-CUDART_INF_F, 0.f});
     __syncthreads();
   }
   return v;
 }
 
-template <int kGroup>
-__device__ __forceinline__ float group_sum(float v, float* scratch) {
-  v = norm::warp_sum<kWarp>(v);
+// max or sum over the kGroup threads of a row: a warp by shuffles; a whole
+// block (kGroup > 32: one row per block) through `slots` (one per warp). No
+// barrier after the read: the caller alternates between slot arrays so that
+// a barrier of the next reduction orders this read before their reuse.
+struct Max {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct Sum {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+template <int kGroup, class Op>
+__device__ __forceinline__ float group_reduce(float v, float* slots, Op op) {
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
   if constexpr (kGroup > kWarp) {
     constexpr int kWarps = kGroup / kWarp;
-    if (threadIdx.x % kWarp == 0) scratch[threadIdx.x / kWarp] = v;
+    if (threadIdx.x % kWarp == 0) slots[threadIdx.x / kWarp] = v;
     __syncthreads();
-    v = scratch[0];
+    v = slots[0];
 #pragma unroll
-    for (int w = 1; w < kWarps; ++w) v += scratch[w];
-    __syncthreads();
+    for (int w = 1; w < kWarps; ++w) v = op(v, slots[w]);
   }
+  return v;
+}
+
+// The same, ending with a barrier, so that `scratch` may be reused at once.
+template <int kGroup>
+__device__ __forceinline__ float group_sum(float v, float* scratch) {
+  v = group_reduce<kGroup>(v, scratch, Sum{});
+  if constexpr (kGroup > kWarp) __syncthreads();
   return v;
 }
 
@@ -180,20 +202,41 @@ __device__ __forceinline__ int64_t row_stride() {
 // ------------------------------------------------------------------ forward
 template <typename T, int kGroup, int kVecs>
 __global__ void __launch_bounds__(block_threads<kGroup>())
-    softmax_fwd_rows_kernel(const SoftmaxFwdParams p) {
+    softmax_fwd_rows_kernel(const SoftmaxFwdParams p, const int stages) {
   constexpr int kN = Vec<T>::kN;
-  __shared__ MaxSum scratch[kGroup / kWarp];
+  using Ring = RowRing<T, block_threads<kGroup>(), kVecs>;
+  extern __shared__ __align__(kVecBytes) unsigned char ring_smem[];
+  __shared__ float slots[2][kGroup / kWarp];  // the max's and the sum's
+  const Ring ring(ring_smem);
+  // The mask's kN bytes per vector, in a ring of the same slots after x's.
+  uint8_t* mask_ring = ring_smem + stages * Ring::kStageBytes;
   const int lane = threadIdx.x % kGroup;
   const int64_t vectors = p.cols / kN;
   const T* x = static_cast<const T*>(p.x);
   T* y = static_cast<T*>(p.y);
+  auto fetch = [&](int64_t row, int stage) {
+    if (row >= p.rows) return;
+    const uint8_t* mr = p.mask ? p.mask + row * p.mask_row_stride : nullptr;
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      const int64_t vec = lane + int64_t(i) * kGroup;
+      if (vec < vectors) {
+        cp_async_16(smem_u32(ring.slot(stage, i)), x + row * p.cols + vec * kN);
+        if (mr) cp_async_ca<kN>(smem_u32(mask_ring + Ring::index(stage, i) * kN), mr + vec * kN);
+      }
+    }
+  };
   // Uniform over the block when kGroup > 32 (one row per block): the
   // reductions synchronize.
-  for (int64_t row = first_row<kGroup>(); row < p.rows; row += row_stride<kGroup>()) {
-    const T* xr = x + row * p.cols;
-    const uint8_t* mr = p.mask ? p.mask + row * p.mask_row_stride : nullptr;
-    // One exp per element: e = exp(x - this thread's max) stays in
-    // registers, and y = e * exp(thread max - row max) / row sum.
+  const int64_t first = first_row<kGroup>(), stride = row_stride<kGroup>();
+  Ring::prologue(fetch, first, stride, stages);
+  int stage = 0;
+  for (int64_t row = first; row < p.rows; row += stride) {
+    Ring::advance(fetch, row, stride, stages, stage);
+    // Two phases, each one block reduction: the row max M over the kept
+    // elements, then e = exp(x - M) (kept in registers) and their sum.
+    // Cheaper than merging (max, sum) pairs: a pair merge costs two exps,
+    // and a 1024-thread row merged 31 of them per thread.
     float e[kVecs][kN];
     uint32_t keep[kVecs];
     float m = -CUDART_INF_F;
@@ -202,30 +245,27 @@ __global__ void __launch_bounds__(block_threads<kGroup>())
       const int64_t vec = lane + int64_t(i) * kGroup;
       keep[i] = 0;
       if (vec < vectors) {
-        const Vec<T> v = load_vec(xr + vec * kN);
-        keep[i] = mask_bits<kN>(mr, vec * kN);
+        const Vec<T> v = *ring.slot(stage, i);
+        keep[i] = mask_bits<kN>(p.mask ? mask_ring + Ring::index(stage, i) * kN : nullptr, 0);
 #pragma unroll
         for (int j = 0; j < kN; ++j) e[i][j] = to_f32(v.v[j]);
         m = fmaxf(m, kept_max(e[i], keep[i]));
       }
     }
-    const float shift = shift_of(m);
+    // M = -inf: nothing kept (every e = 0, y = 0), or kept values all -inf
+    // (exp(-inf + inf) = NaN, as jax). M = +inf, or a NaN among the kept
+    // values, makes the sum and so the row NaN, as jax.
+    m = group_reduce<kGroup>(m, slots[0], Max{});
     float s = 0.f;
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
 #pragma unroll
       for (int j = 0; j < kN; ++j) {
-        e[i][j] = keep[i] >> j & 1u ? exp_for<T>(e[i][j] - shift) : 0.f;
+        e[i][j] = keep[i] >> j & 1u ? exp_for<T>(e[i][j] - m) : 0.f;
         s += e[i][j];
       }
     }
-    const MaxSum st = group_max_sum<kGroup>({m, s}, scratch);
-    // A thread whose kept values are all -inf (e = 0) gives them
-    // exp(-inf - row max) = 0, or NaN when the row max is -inf too (a kept
-    // all -inf row is NaN in jax). A row max of +inf or a NaN sum makes the
-    // factor NaN, as jax.
-    const float factor = m != -CUDART_INF_F ? exp_for<T>(m - st.m) / st.s
-                                            : (st.m == -CUDART_INF_F ? CUDART_NAN_F : 0.f);
+    const float factor = 1.f / group_reduce<kGroup>(s, slots[1], Sum{});
     T* yr = y + row * p.cols;
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
@@ -237,6 +277,7 @@ __global__ void __launch_bounds__(block_threads<kGroup>())
         store_vec(yr + vec * kN, out);
       }
     }
+    stage = stage + 1 == stages ? 0 : stage + 1;
   }
 }
 
@@ -313,43 +354,56 @@ __global__ void __launch_bounds__(block_threads<kGroup>())
 // ----------------------------------------------------------------- backward
 template <typename T, int kGroup, int kVecs>
 __global__ void __launch_bounds__(block_threads<kGroup>())
-    softmax_bwd_rows_kernel(const SoftmaxBwdParams p) {
+    softmax_bwd_rows_kernel(const SoftmaxBwdParams p, const int stages) {
   constexpr int kN = Vec<T>::kN;
-  __shared__ float scratch[kGroup / kWarp];
+  using Ring = RowRing<T, block_threads<kGroup>(), kVecs>;
+  extern __shared__ __align__(kVecBytes) unsigned char ring_smem[];
+  __shared__ float slots[2][kGroup / kWarp];  // by row parity (group_reduce)
+  const Ring y_ring(ring_smem), dy_ring(ring_smem + stages * Ring::kStageBytes);
   const int lane = threadIdx.x % kGroup;
   const int64_t vectors = p.cols / kN;
   const T* y = static_cast<const T*>(p.y);
   const T* dy = static_cast<const T*>(p.dy);
   T* dx = static_cast<T*>(p.dx);
-  for (int64_t row = first_row<kGroup>(); row < p.rows; row += row_stride<kGroup>()) {
-    const int64_t base = row * p.cols;
-    Vec<T> yv[kVecs], gv[kVecs];
+  auto fetch = [&](int64_t row, int stage) {
+    if (row >= p.rows) return;
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      const int64_t vec = lane + int64_t(i) * kGroup;
+      if (vec < vectors) {
+        cp_async_16(smem_u32(y_ring.slot(stage, i)), y + row * p.cols + vec * kN);
+        cp_async_16(smem_u32(dy_ring.slot(stage, i)), dy + row * p.cols + vec * kN);
+      }
+    }
+  };
+  const int64_t first = first_row<kGroup>(), stride = row_stride<kGroup>();
+  Ring::prologue(fetch, first, stride, stages);
+  int stage = 0, parity = 0;
+  for (int64_t row = first; row < p.rows; row += stride) {
+    Ring::advance(fetch, row, stride, stages, stage);
     float dot = 0.f;
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
-      const int64_t vec = lane + int64_t(i) * kGroup;
-      if (vec < vectors) {
-        yv[i] = load_vec(y + base + vec * kN);
-        gv[i] = load_vec(dy + base + vec * kN);
+      if (lane + i * kGroup < vectors) {
+        const Vec<T> yv = *y_ring.slot(stage, i), gv = *dy_ring.slot(stage, i);
+#pragma unroll
+        for (int j = 0; j < kN; ++j) dot += to_f32(yv.v[j]) * to_f32(gv.v[j]);
       }
     }
-#pragma unroll
-    for (int i = 0; i < kVecs; ++i)
-      if (lane + i * kGroup < vectors)
-#pragma unroll
-        for (int j = 0; j < kN; ++j) dot += to_f32(yv[i].v[j]) * to_f32(gv[i].v[j]);
-    dot = group_sum<kGroup>(dot, scratch);
+    dot = group_reduce<kGroup>(dot, slots[parity], Sum{});
+    parity ^= 1;
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
       const int64_t vec = lane + int64_t(i) * kGroup;
       if (vec < vectors) {
+        const Vec<T> yv = *y_ring.slot(stage, i), gv = *dy_ring.slot(stage, i);
         Vec<T> out;
 #pragma unroll
-        for (int j = 0; j < kN; ++j)
-          out.v[j] = from_f32<T>(to_f32(yv[i].v[j]) * (to_f32(gv[i].v[j]) - dot));
-        store_vec(dx + base + vec * kN, out);
+        for (int j = 0; j < kN; ++j) out.v[j] = from_f32<T>(to_f32(yv.v[j]) * (to_f32(gv.v[j]) - dot));
+        store_vec(dx + row * p.cols + vec * kN, out);
       }
     }
+    stage = stage + 1 == stages ? 0 : stage + 1;
   }
 }
 
