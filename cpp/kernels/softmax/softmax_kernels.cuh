@@ -2,7 +2,9 @@
 // float32 math whatever the storage type (norm_common.cuh's 16-byte vectors
 // and conversions).
 //
-// Row statistics are one online pair per thread, (m, s): the maximum of the
+// The rows kernel, which holds the whole row, reduces the row max and then
+// the sum of exp(x - max). The stream kernel, which sees the row once before
+// writing, keeps one online pair per thread, (m, s): the maximum of the
 // kept elements it saw and the sum of exp(x - m) over them; pairs combine as
 //   m = max(m1, m2), s = s1 exp(m1 - m) + s2 exp(m2 - m)
 // (commutative bit for bit, so every lane of a butterfly ends with the same
