@@ -8,7 +8,8 @@
 #include <initializer_list>
 
 #include "kernels/softmax/launch.h"
-#include "kernels/softmax/softmax_kernels.cuh"
+#include "kernels/softmax/softmax_rows_kernels.cuh"
+#include "kernels/softmax/softmax_stream_kernels.cuh"
 
 namespace jaxcraft {
 namespace {
@@ -17,37 +18,42 @@ using softmax::block_threads;
 using softmax::Vec;
 
 // kGroup threads per row holding kVecs 16-byte vectors each (rows kernel),
-// or group = 0: the stream kernel.
+// the row split over a cluster of `split` such blocks, or group = 0: the
+// stream kernel.
 struct Config {
   int group = 0;
   int vecs = 0;
+  int split = 1;
 };
+
+// Thread-block clusters of up to 8 CTAs are portable.
+constexpr int kMaxSplit = 8;
+
+// The smallest instantiated cluster size (2, 4 or 8) holding `needed` CTAs.
+int split_for(int64_t needed) { return needed <= 2 ? 2 : (needed <= 4 ? 4 : 8); }
 
 // Register budget (64K registers per SM; 1024-thread blocks leave 64 per
 // thread): the forward holds kVecs <= 4 vectors of x (16 registers) plus
 // their mask bits; the backward y and dy (2 x 2 vectors, 16 registers).
 // Groups grow before vectors so that narrow rows still spread over a warp
 // and wide ones over a block; one warp per row up to 32 x 4 vectors (1024
-// bf16 / 512 f32 columns), one block per row beyond. Past 1024 x 4 vectors
-// (32K bf16 / 16K f32 columns; the backward half that) a row no longer fits
-// in a block's registers and streams from global memory twice.
+// bf16 / 512 f32 columns), one block per row up to 1024 x 4 vectors (32K
+// bf16 / 16K f32 columns; the backward half that), then a cluster of up to 8
+// such blocks per row (256K bf16 / 128K f32 columns forward; sm_90+, else
+// launch_rows declines). Wider rows stream from global memory twice.
 Config pick_config(int64_t vectors, bool backward) {
   if (vectors <= 32) return {32, 1};
   if (vectors <= 64) return {32, 2};
+  const int vecs = backward ? 2 : 4;
   if (backward) {
     if (vectors <= 128) return {64, 2};
-    if (vectors <= 256) return {128, 2};
-    if (vectors <= 512) return {256, 2};
-    if (vectors <= 1024) return {512, 2};
-    if (vectors <= 2048) return {1024, 2};
-    return {};
+  } else {
+    if (vectors <= 128) return {32, 4};
   }
-  if (vectors <= 128) return {32, 4};
-  if (vectors <= 256) return {64, 4};
-  if (vectors <= 512) return {128, 4};
-  if (vectors <= 1024) return {256, 4};
-  if (vectors <= 2048) return {512, 4};
-  if (vectors <= 4096) return {1024, 4};
+  for (int group = backward ? 128 : 64; group <= 1024; group *= 2)
+    if (vectors <= int64_t{group} * vecs) return {group, vecs};
+  const int64_t ctas = (vectors + 1024 * vecs - 1) / (1024 * vecs);
+  if (ctas <= kMaxSplit) return {1024, vecs, split_for(ctas)};
   return {};
 }
 
@@ -57,7 +63,7 @@ Config pick_config(int64_t vectors, bool backward) {
 constexpr int64_t kStreamWarpCols = 1024;
 constexpr int64_t kStreamMidCols = 8192;
 
-constexpr int config_key(int group, int vecs) { return group * 8 + vecs; }
+constexpr int config_key(int group, int vecs, int split) { return (group * 8 + vecs) * 16 + split; }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -98,64 +104,112 @@ void bwd_stream(const SoftmaxBwdParams& p, cudaStream_t stream) {
 
 // Rows kernels: the deepest ring (up to kRingStages rows in flight per
 // thread group) that fits a block's shared memory, and a grid of the blocks
-// that are resident at once, each walking its rows through its ring.
+// (clusters) that are resident at once, each walking its rows through its
+// ring.
 constexpr int kRingStages = 3;
 constexpr int kStaticSmemMargin = 1024;  // the kernels' own reduction slots
 constexpr int kMaxDevices = 64;
+constexpr int kClusterMajor = 9;
 
-// Resident blocks per SM of kKernel at `smem` bytes of ring, asked once per
-// device and ring size (a forward kernel has two: with and without a mask),
-// since the occupancy query and the shared-memory opt-in cost host time.
-template <auto kKernel>
-cudaError_t resident_blocks(int device, int threads, int smem, int smem_limit, int* out) {
-  static std::atomic<int64_t> cache[kMaxDevices][2];  // smem << 32 | blocks; 0: empty
+// How many of kKernel's row walkers fit on the device at once with `smem`
+// bytes of ring: blocks (kSplit = 1), or clusters of kSplit blocks, 0 where
+// clusters cannot run (a device before sm_90, or an image the runtime
+// loaded without sm_90 code, whose cluster kernels are empty). Asked once
+// per device and ring size (a forward kernel has two: with and without a
+// mask): the queries and the shared-memory opt-in cost host time.
+template <auto kKernel, int kSplit>
+cudaError_t resident_walkers(int device, int threads, int smem, int smem_limit, int* out) {
+  static std::atomic<int64_t> cache[kMaxDevices][2];  // smem << 32 | walkers + 1; 0: empty
   const int64_t key = int64_t{smem} << 32;
   if (device < kMaxDevices) {
     for (auto& slot : cache[device]) {
       const int64_t v = slot.load(std::memory_order_relaxed);
       if (v != 0 && (v & ~int64_t{0xffffffff}) == key) {
-        *out = static_cast<int>(v & 0xffffffff);
+        *out = static_cast<int>(v & 0xffffffff) - 1;
         return cudaSuccess;
       }
     }
   }
   cudaError_t err = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_limit);
   if (err != cudaSuccess) return err;
-  int blocks = 0;
-  if ((err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kKernel, threads, smem)) != cudaSuccess)
-    return err;
-  *out = blocks = std::max(blocks, 1);
+  int walkers = 0;
+  if constexpr (kSplit == 1) {
+    int per_sm = 0, sms = 0;
+    if ((err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, threads, smem)) != cudaSuccess ||
+        (err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess)
+      return err;
+    walkers = std::max(per_sm, 1) * sms;
+  } else {
+    int major = 0;
+    cudaFuncAttributes attrs;
+    if ((err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) != cudaSuccess ||
+        (err = cudaFuncGetAttributes(&attrs, kKernel)) != cudaSuccess)
+      return err;
+    if (major >= kClusterMajor && attrs.binaryVersion >= kClusterMajor * 10) {
+      cudaLaunchAttribute cluster_dim;
+      cluster_dim.id = cudaLaunchAttributeClusterDimension;
+      cluster_dim.val.clusterDim.x = kSplit;
+      cluster_dim.val.clusterDim.y = 1;
+      cluster_dim.val.clusterDim.z = 1;
+      cudaLaunchConfig_t config = {};
+      config.gridDim = dim3(kSplit);
+      config.blockDim = dim3(threads);
+      config.dynamicSmemBytes = smem;
+      config.attrs = &cluster_dim;
+      config.numAttrs = 1;
+      if ((err = cudaOccupancyMaxActiveClusters(&walkers, kKernel, &config)) != cudaSuccess) return err;
+    }
+  }
+  *out = walkers;
   if (device < kMaxDevices) {
     for (auto& slot : cache[device]) {
       int64_t empty = 0;
-      if (slot.compare_exchange_strong(empty, key | blocks)) break;
+      if (slot.compare_exchange_strong(empty, key | (walkers + 1))) break;
     }
   }
   return cudaSuccess;
 }
 
-// Launches kKernel (kGroup threads per row, stage_bytes of ring per row in
-// flight). False, launching nothing, when not even one stage fits (the
-// caller streams instead).
-template <int kGroup, auto kKernel, typename Params>
+// Launches kKernel (kGroup threads per row, kSplit blocks per cluster,
+// stage_bytes of ring per row in flight). False, launching nothing, when
+// not even one stage fits or clusters cannot run (the caller streams
+// instead).
+template <int kGroup, int kSplit, auto kKernel, typename Params>
 bool launch_rows(int stage_bytes, const Params& p, cudaStream_t stream, cudaError_t* err) {
   constexpr int kThreads = block_threads<kGroup>();
-  int device = 0, optin = 0, sms = 0, resident = 0;
+  int device = 0, optin = 0, walkers = 0;
   if ((*err = cudaGetDevice(&device)) != cudaSuccess ||
       (*err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device)) !=
-          cudaSuccess ||
-      (*err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess)
+          cudaSuccess)
     return true;
   const int smem_limit = optin - kStaticSmemMargin;
   const int stages = std::min(kRingStages, smem_limit / stage_bytes);
   if (stages < 1) return false;
   const int smem = stages * stage_bytes;
-  if ((*err = resident_blocks<kKernel>(device, kThreads, smem, smem_limit, &resident)) != cudaSuccess)
+  if ((*err = resident_walkers<kKernel, kSplit>(device, kThreads, smem, smem_limit, &walkers)) !=
+      cudaSuccess)
     return true;
+  if (walkers < 1) return false;
   constexpr int kRowsPerBlock = kThreads / kGroup;
-  const int64_t grid = std::min(ceil_div(p.rows, kRowsPerBlock), int64_t{resident} * sms);
-  kKernel<<<static_cast<unsigned>(grid), kThreads, smem, stream>>>(p, stages);
-  *err = cudaGetLastError();
+  const int64_t blocks = std::min(ceil_div(p.rows, kRowsPerBlock), int64_t{walkers}) * kSplit;
+  if constexpr (kSplit == 1) {
+    kKernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(p, stages);
+    *err = cudaGetLastError();
+  } else {
+    cudaLaunchAttribute cluster_dim;
+    cluster_dim.id = cudaLaunchAttributeClusterDimension;
+    cluster_dim.val.clusterDim.x = kSplit;
+    cluster_dim.val.clusterDim.y = 1;
+    cluster_dim.val.clusterDim.z = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned>(blocks));
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    config.attrs = &cluster_dim;
+    config.numAttrs = 1;
+    *err = cudaLaunchKernelEx(&config, kKernel, p, stages);
+  }
   return true;
 }
 
@@ -170,14 +224,18 @@ int bwd_stage_bytes(int threads, int vecs) {
   return 2 * threads * vecs * int(sizeof(Vec<T>));
 }
 
-#define JAXCRAFT_FWD_ROWS_CASE(G, V)                                                      \
-  case config_key(G, V):                                                                  \
-    ran = launch_rows<G, softmax::softmax_fwd_rows_kernel<T, G, V>>(                      \
-        fwd_stage_bytes<T>(block_threads<G>(), V, p.mask != nullptr), p, stream, &err);   \
+// kMasked (whether the forward has a mask) is a template argument: without
+// one the per-element selects go away.
+#define JAXCRAFT_FWD_ROWS_CASE(G, V, S)                                                        \
+  case config_key(G, V, S):                                                                    \
+    ran = p.mask ? launch_rows<G, S, softmax::softmax_fwd_rows_kernel<T, G, V, true, S>>(      \
+                       fwd_stage_bytes<T>(block_threads<G>(), V, true), p, stream, &err)       \
+                 : launch_rows<G, S, softmax::softmax_fwd_rows_kernel<T, G, V, false, S>>(     \
+                       fwd_stage_bytes<T>(block_threads<G>(), V, false), p, stream, &err);     \
     break;
-#define JAXCRAFT_BWD_ROWS_CASE(G, V)                                                  \
-  case config_key(G, V):                                                              \
-    ran = launch_rows<G, softmax::softmax_bwd_rows_kernel<T, G, V>>(                  \
+#define JAXCRAFT_BWD_ROWS_CASE(G, V, S)                                               \
+  case config_key(G, V, S):                                                           \
+    ran = launch_rows<G, S, softmax::softmax_bwd_rows_kernel<T, G, V, S>>(            \
         bwd_stage_bytes<T>(block_threads<G>(), V), p, stream, &err);                  \
     break;
 
@@ -189,15 +247,18 @@ cudaError_t fwd_typed(const SoftmaxFwdParams& p, cudaStream_t stream) {
                          : Config{};
   cudaError_t err = cudaSuccess;
   bool ran = false;
-  switch (config_key(cfg.group, cfg.vecs)) {
-    JAXCRAFT_FWD_ROWS_CASE(32, 1)
-    JAXCRAFT_FWD_ROWS_CASE(32, 2)
-    JAXCRAFT_FWD_ROWS_CASE(32, 4)
-    JAXCRAFT_FWD_ROWS_CASE(64, 4)
-    JAXCRAFT_FWD_ROWS_CASE(128, 4)
-    JAXCRAFT_FWD_ROWS_CASE(256, 4)
-    JAXCRAFT_FWD_ROWS_CASE(512, 4)
-    JAXCRAFT_FWD_ROWS_CASE(1024, 4)
+  switch (config_key(cfg.group, cfg.vecs, cfg.split)) {
+    JAXCRAFT_FWD_ROWS_CASE(32, 1, 1)
+    JAXCRAFT_FWD_ROWS_CASE(32, 2, 1)
+    JAXCRAFT_FWD_ROWS_CASE(32, 4, 1)
+    JAXCRAFT_FWD_ROWS_CASE(64, 4, 1)
+    JAXCRAFT_FWD_ROWS_CASE(128, 4, 1)
+    JAXCRAFT_FWD_ROWS_CASE(256, 4, 1)
+    JAXCRAFT_FWD_ROWS_CASE(512, 4, 1)
+    JAXCRAFT_FWD_ROWS_CASE(1024, 4, 1)
+    JAXCRAFT_FWD_ROWS_CASE(1024, 4, 2)
+    JAXCRAFT_FWD_ROWS_CASE(1024, 4, 4)
+    JAXCRAFT_FWD_ROWS_CASE(1024, 4, 8)
     default: break;
   }
   if (ran) return err;
@@ -212,14 +273,17 @@ cudaError_t bwd_typed(const SoftmaxBwdParams& p, cudaStream_t stream) {
   const Config cfg = vec && p.cols % Vec<T>::kN == 0 ? pick_config(p.cols / Vec<T>::kN, true) : Config{};
   cudaError_t err = cudaSuccess;
   bool ran = false;
-  switch (config_key(cfg.group, cfg.vecs)) {
-    JAXCRAFT_BWD_ROWS_CASE(32, 1)
-    JAXCRAFT_BWD_ROWS_CASE(32, 2)
-    JAXCRAFT_BWD_ROWS_CASE(64, 2)
-    JAXCRAFT_BWD_ROWS_CASE(128, 2)
-    JAXCRAFT_BWD_ROWS_CASE(256, 2)
-    JAXCRAFT_BWD_ROWS_CASE(512, 2)
-    JAXCRAFT_BWD_ROWS_CASE(1024, 2)
+  switch (config_key(cfg.group, cfg.vecs, cfg.split)) {
+    JAXCRAFT_BWD_ROWS_CASE(32, 1, 1)
+    JAXCRAFT_BWD_ROWS_CASE(32, 2, 1)
+    JAXCRAFT_BWD_ROWS_CASE(64, 2, 1)
+    JAXCRAFT_BWD_ROWS_CASE(128, 2, 1)
+    JAXCRAFT_BWD_ROWS_CASE(256, 2, 1)
+    JAXCRAFT_BWD_ROWS_CASE(512, 2, 1)
+    JAXCRAFT_BWD_ROWS_CASE(1024, 2, 1)
+    JAXCRAFT_BWD_ROWS_CASE(1024, 2, 2)
+    JAXCRAFT_BWD_ROWS_CASE(1024, 2, 4)
+    JAXCRAFT_BWD_ROWS_CASE(1024, 2, 8)
     default: break;
   }
   if (ran) return err;

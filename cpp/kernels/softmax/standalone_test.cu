@@ -219,13 +219,15 @@ int main(int argc, char** argv) {
   // body between scalar head and tail); every rows-kernel group (32 .. 1024
   // threads per row, bf16: 8 columns per vector); past the register limit
   // (stream kernel, 256 and 1024 threads per row); a ~50K vocabulary and a
-  // 128K one; more rows than one grid covers (grid-stride), and more rows
-  // than the resident blocks of the rows kernels hold (each block walks
-  // several rows through its ring, masked at 2048 columns).
+  // 128K one (the rows kernels split over clusters of 2-8 blocks on sm_90);
+  // more rows than one grid covers (grid-stride), and more rows than the
+  // resident blocks (clusters) of the rows kernels hold (each walks several
+  // rows through its ring, masked at 2048 and 65536 columns).
   const int64_t kShapes[][2] = {{1, 1},     {3, 7},       {5, 8},       {2, 257},    {67, 96},
                                 {9, 1000},  {4, 2048},    {3, 4096},    {3, 4097},   {2, 8192},
                                 {2, 16384}, {2, 32768},   {2, 50257},   {2, 131072}, {70000, 16},
-                                {5000, 2048}, {3000, 4096}, {400, 16384}, {400, 32768}};
+                                {5000, 2048}, {3000, 4096}, {400, 16384}, {400, 32768},
+                                {300, 65536}};
   const DType kTypes[] = {DType::kBF16, DType::kF32, DType::kF16};
   std::vector<Case> cases;
   for (DType dt : kTypes)
@@ -233,7 +235,7 @@ int main(int argc, char** argv) {
       for (Mask m : {Mask::kNone, Mask::kFull, Mask::kShared}) {
         if (dt == DType::kF16 && (s[1] == 50257 || s[1] == 16384)) continue;
         const bool masked_shape = (s[1] < 32768 && s[0] <= 100) || s[1] == 2048 ||
-                                  (dt == DType::kBF16 && s[1] == 50257);
+                                  s[1] >= 65536 || (dt == DType::kBF16 && s[1] == 50257);
         if (m != Mask::kNone && !masked_shape) continue;
         cases.push_back({dt, s[0], s[1], m, false});
       }

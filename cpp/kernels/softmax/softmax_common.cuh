@@ -1,0 +1,134 @@
+// Device helpers shared by the softmax kernels (softmax_rows_kernels.cuh,
+// softmax_stream_kernels.cuh): float32 math whatever the storage type
+// (norm_common.cuh's 16-byte vectors and conversions), block and cluster
+// reductions, mask bits, and which rows a thread group walks.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math_constants.h>
+
+#include <cstdint>
+
+#include "kernels/norm/norm_common.cuh"
+#include "kernels/norm/norm_row_sum.cuh"
+#include "kernels/softmax/params.h"
+
+namespace jaxcraft {
+namespace softmax {
+
+using norm::from_f32;
+using norm::kVecBytes;
+using norm::kWarp;
+using norm::load_vec;
+using norm::store_vec;
+using norm::to_f32;
+using norm::Vec;
+
+// Narrow rows: one warp per row, this many threads (rows) per block, so a
+// block keeps 8 warps of loads in flight.
+constexpr int kNarrowBlock = 256;
+
+template <int kGroup>
+__host__ __device__ constexpr int block_threads() {
+  return kGroup > kNarrowBlock ? kGroup : (kGroup == kWarp ? kNarrowBlock : kGroup);
+}
+
+// max or sum over the kGroup threads of a row: a warp by shuffles; a whole
+// block (kGroup > 32: one row per block) through `slots` (one per warp). No
+// barrier after the read: the caller alternates between slot arrays so that
+// a barrier of the next reduction orders this read before their reuse.
+struct Max {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct Sum {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+
+template <int kGroup, class Op>
+__device__ __forceinline__ float group_reduce(float v, float* slots, Op op) {
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  if constexpr (kGroup > kWarp) {
+    constexpr int kWarps = kGroup / kWarp;
+    if (threadIdx.x % kWarp == 0) slots[threadIdx.x / kWarp] = v;
+    __syncthreads();
+    v = slots[0];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) v = op(v, slots[w]);
+  }
+  return v;
+}
+
+// The same, ending with a barrier, so that `scratch` may be reused at once.
+template <int kGroup>
+__device__ __forceinline__ float group_sum(float v, float* scratch) {
+  v = group_reduce<kGroup>(v, scratch, Sum{});
+  if constexpr (kGroup > kWarp) __syncthreads();
+  return v;
+}
+
+// A block's reduced value (the same in every thread), reduced again over the
+// kSplit CTAs of its cluster (sm_90+): threads 0..kSplit-1 push it into slot
+// `rank` of every CTA's `cta_slots` (remote stores, published by the cluster
+// barrier), then every CTA combines the kSplit slots in rank order, so all
+// of them get the same bits. Callers alternate two slot arrays, as for
+// group_reduce; no CTA touches a peer's memory after its last barrier.
+template <int kSplit, class Op>
+__device__ __forceinline__ float cluster_reduce(float v, float* cta_slots, Op op) {
+  if constexpr (kSplit == 1) {
+    return v;
+  } else {
+#if JAXCRAFT_NORM_HAS_CLUSTERS
+    if (threadIdx.x < kSplit)
+      *cooperative_groups::this_cluster().map_shared_rank(cta_slots + norm::cluster_rank<kSplit>(),
+                                                          static_cast<int>(threadIdx.x)) = v;
+#endif
+    norm::cluster_sync();
+    v = cta_slots[0];
+#pragma unroll
+    for (int r = 1; r < kSplit; ++r) v = op(v, cta_slots[r]);
+    return v;
+  }
+}
+
+// The maximum of the kept values (-inf when none).
+template <int kN>
+__device__ __forceinline__ float kept_max(const float (&v)[kN], uint32_t keep) {
+  float m = -CUDART_INF_F;
+#pragma unroll
+  for (int j = 0; j < kN; ++j)
+    if (keep >> j & 1u) m = fmaxf(m, v[j]);
+  return m;
+}
+
+// The kN mask bits of the vector at element `col` of mask row `mask_row`
+// (all set without a mask). kN bytes aligned to kN (rows kernel: whole
+// vectors at multiples of kN).
+template <int kN>
+__device__ __forceinline__ uint32_t mask_bits(const uint8_t* mask_row, int64_t col) {
+  if (!mask_row) return (1u << kN) - 1u;
+  struct alignas(kN) Bytes {
+    uint8_t b[kN];
+  };
+  const Bytes bytes = *reinterpret_cast<const Bytes*>(mask_row + col);
+  uint32_t bits = 0;
+#pragma unroll
+  for (int j = 0; j < kN; ++j) bits |= uint32_t(bytes.b[j] != 0) << j;
+  return bits;
+}
+
+// The rows a thread group walks: first_row, first_row + row_stride, ...
+// With kSplit > 1 the launch is clusters of kSplit consecutive blocks (one
+// row per block), and cluster blockIdx.x / kSplit walks rows as one block.
+template <int kGroup, int kSplit = 1>
+__device__ __forceinline__ int64_t first_row() {
+  return int64_t(blockIdx.x / kSplit) * (block_threads<kGroup>() / kGroup) + threadIdx.x / kGroup;
+}
+
+template <int kGroup, int kSplit = 1>
+__device__ __forceinline__ int64_t row_stride() {
+  return int64_t(gridDim.x / kSplit) * (block_threads<kGroup>() / kGroup);
+}
+
+}  // namespace softmax
+}  // namespace jaxcraft

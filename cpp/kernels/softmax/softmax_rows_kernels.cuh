@@ -1,0 +1,212 @@
+// Softmax rows kernels: kGroup threads per row (a warp, or a whole block for
+// wider rows), each holding kVecs 16-byte vectors, so x is read once and y
+// written once (the backward: y and dy read once, dx written once). Rows
+// arrive through a shared-memory ring (row_ring.cuh) `stages` deep, chosen
+// by the launcher. With kSplit > 1 (sm_90+, clusters of kSplit one-row
+// blocks) each CTA of a cluster holds a slice of the row, and the row's
+// reductions meet in distributed shared memory (cluster_reduce). The forward
+// reduces the row max, then the sum of exp(x - max). Needs
+// cols % (16 / sizeof(T)) == 0 and 16-byte aligned buffers.
+#pragma once
+#include "kernels/softmax/row_ring.cuh"
+#include "kernels/softmax/softmax_common.cuh"
+
+namespace jaxcraft {
+namespace softmax {
+
+constexpr float kLog2e = 1.4426950408889634f;  // exp(x) = 2^(x log2(e))
+
+// exp(x - m) for an output stored as T, m_log2e = m log2(e). 16-bit outputs
+// keep 8-11 bits, so one FFMA and MUFU.EX2 (ex2.approx, ~2^-22 relative) is
+// exact enough, where expf is ~10 instructions: the bf16 forward issued
+// instructions in 73% of the cycles at 4096 columns under ncu (thirteenth
+// session). float32 outputs keep expf. x = m = -inf (a kept all -inf row)
+// gives NaN, as jax.
+template <typename T>
+__device__ __forceinline__ float exp_shifted(float x, float m, float m_log2e) {
+  if constexpr (sizeof(T) == sizeof(float)) {
+    return expf(x - m);
+  } else {
+    float e;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(fmaf(x, kLog2e, -m_log2e)));
+    return e;
+  }
+}
+
+// The vectors of the row this CTA holds, [begin, end): all of them, or with
+// kSplit > 1 the rank-th of kSplit balanced slices.
+struct RowSlice {
+  int64_t begin, end;
+};
+
+template <int kSplit>
+__device__ __forceinline__ RowSlice row_slice(int64_t vectors) {
+  if constexpr (kSplit == 1) {
+    return {0, vectors};
+  } else {
+    const int64_t per = (vectors + kSplit - 1) / kSplit;
+    const int64_t begin = norm::cluster_rank<kSplit>() * per;
+    return {begin < vectors ? begin : vectors, begin + per < vectors ? begin + per : vectors};
+  }
+}
+
+// ------------------------------------------------------------------ forward
+// kMasked: p.mask is set (its bytes travel through the ring beside x);
+// without it every element is kept and the per-element selects go away.
+template <typename T, int kGroup, int kVecs, bool kMasked, int kSplit>
+__global__ void __launch_bounds__(block_threads<kGroup>())
+    softmax_fwd_rows_kernel(const SoftmaxFwdParams p, const int stages) {
+  static_assert(kSplit == 1 || kGroup == block_threads<kGroup>(), "a cluster splits one-row blocks");
+  constexpr int kN = Vec<T>::kN;
+  constexpr uint32_t kAll = (1u << kN) - 1u;
+  using Ring = RowRing<T, block_threads<kGroup>(), kVecs>;
+  extern __shared__ __align__(kVecBytes) unsigned char ring_smem[];
+  __shared__ float slots[2][kGroup / kWarp];  // the block's max, then sum
+  __shared__ float cta_slots[2][kSplit];      // the cluster's
+  const Ring ring(ring_smem);
+  // kMasked: the mask's kN bytes per vector, in a ring of the same slots after x's.
+  uint8_t* mask_ring = ring_smem + stages * Ring::kStageBytes;
+  const int lane = threadIdx.x % kGroup;
+  const RowSlice slice = row_slice<kSplit>(p.cols / kN);
+  const T* x = static_cast<const T*>(p.x);
+  T* y = static_cast<T*>(p.y);
+  auto fetch = [&](int64_t row, int stage) {
+    if (row >= p.rows) return;
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      const int64_t vec = slice.begin + lane + int64_t(i) * kGroup;
+      if (vec < slice.end) {
+        cp_async_16(smem_u32(ring.slot(stage, i)), x + row * p.cols + vec * kN);
+        if constexpr (kMasked)
+          cp_async_ca<kN>(smem_u32(mask_ring + Ring::index(stage, i) * kN),
+                          p.mask + row * p.mask_row_stride + vec * kN);
+      }
+    }
+  };
+  if constexpr (kSplit > 1) norm::cluster_sync();  // every peer runs before a remote store
+  // Uniform over the block (the cluster) when kGroup > 32: the reductions
+  // synchronize.
+  const int64_t first = first_row<kGroup, kSplit>(), stride = row_stride<kGroup, kSplit>();
+  Ring::prologue(fetch, first, stride, stages);
+  int stage = 0;
+  for (int64_t row = first; row < p.rows; row += stride) {
+    Ring::advance(fetch, row, stride, stages, stage);
+    // Two phases, each one block (cluster) reduction: the row max M over
+    // the kept elements, then e = exp(x - M) (kept in registers) and their
+    // sum. Cheaper than merging (max, sum) pairs: a pair merge costs two
+    // exps, and a 1024-thread row merged 31 of them per thread.
+    float e[kVecs][kN];
+    uint32_t keep[kVecs];
+    float m = -CUDART_INF_F;
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      keep[i] = 0;
+      if (slice.begin + lane + int64_t(i) * kGroup < slice.end) {
+        const Vec<T> v = *ring.slot(stage, i);
+        keep[i] = kMasked ? mask_bits<kN>(mask_ring + Ring::index(stage, i) * kN, 0) : kAll;
+#pragma unroll
+        for (int j = 0; j < kN; ++j) e[i][j] = to_f32(v.v[j]);
+        m = fmaxf(m, kept_max(e[i], keep[i]));
+      } else {
+#pragma unroll
+        for (int j = 0; j < kN; ++j) e[i][j] = 0.f;
+      }
+    }
+    // M = -inf: nothing kept (every e = 0, y = 0), or kept values all -inf
+    // (NaN, as jax). M = +inf, or a NaN among the kept values, makes the
+    // sum and so the row NaN, as jax.
+    m = cluster_reduce<kSplit>(group_reduce<kGroup>(m, slots[0], Max{}), cta_slots[0], Max{});
+    const float m_log2e = m * kLog2e;
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      if constexpr (kMasked) {
+#pragma unroll
+        for (int j = 0; j < kN; ++j) e[i][j] = keep[i] >> j & 1u ? exp_shifted<T>(e[i][j], m, m_log2e) : 0.f;
+      } else if (keep[i]) {
+#pragma unroll
+        for (int j = 0; j < kN; ++j) e[i][j] = exp_shifted<T>(e[i][j], m, m_log2e);
+      }
+#pragma unroll
+      for (int j = 0; j < kN; ++j) s += e[i][j];
+    }
+    const float factor =
+        1.f / cluster_reduce<kSplit>(group_reduce<kGroup>(s, slots[1], Sum{}), cta_slots[1], Sum{});
+    T* yr = y + row * p.cols;
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      const int64_t vec = slice.begin + lane + int64_t(i) * kGroup;
+      if (vec < slice.end) {
+        // Masked-out elements are 0 even when the row kept nothing (factor = inf).
+        Vec<T> out;
+#pragma unroll
+        for (int j = 0; j < kN; ++j)
+          out.v[j] = from_f32<T>(!kMasked || keep[i] >> j & 1u ? e[i][j] * factor : 0.f);
+        store_vec(yr + vec * kN, out);
+      }
+    }
+    stage = stage + 1 == stages ? 0 : stage + 1;
+  }
+}
+
+// ----------------------------------------------------------------- backward
+template <typename T, int kGroup, int kVecs, int kSplit>
+__global__ void __launch_bounds__(block_threads<kGroup>())
+    softmax_bwd_rows_kernel(const SoftmaxBwdParams p, const int stages) {
+  static_assert(kSplit == 1 || kGroup == block_threads<kGroup>(), "a cluster splits one-row blocks");
+  constexpr int kN = Vec<T>::kN;
+  using Ring = RowRing<T, block_threads<kGroup>(), kVecs>;
+  extern __shared__ __align__(kVecBytes) unsigned char ring_smem[];
+  __shared__ float slots[2][kGroup / kWarp];  // by row parity (group_reduce)
+  __shared__ float cta_slots[2][kSplit];
+  const Ring y_ring(ring_smem), dy_ring(ring_smem + stages * Ring::kStageBytes);
+  const int lane = threadIdx.x % kGroup;
+  const RowSlice slice = row_slice<kSplit>(p.cols / kN);
+  const T* y = static_cast<const T*>(p.y);
+  const T* dy = static_cast<const T*>(p.dy);
+  T* dx = static_cast<T*>(p.dx);
+  auto fetch = [&](int64_t row, int stage) {
+    if (row >= p.rows) return;
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      const int64_t vec = slice.begin + lane + int64_t(i) * kGroup;
+      if (vec < slice.end) {
+        cp_async_16(smem_u32(y_ring.slot(stage, i)), y + row * p.cols + vec * kN);
+        cp_async_16(smem_u32(dy_ring.slot(stage, i)), dy + row * p.cols + vec * kN);
+      }
+    }
+  };
+  if constexpr (kSplit > 1) norm::cluster_sync();  // every peer runs before a remote store
+  const int64_t first = first_row<kGroup, kSplit>(), stride = row_stride<kGroup, kSplit>();
+  Ring::prologue(fetch, first, stride, stages);
+  int stage = 0, parity = 0;
+  for (int64_t row = first; row < p.rows; row += stride) {
+    Ring::advance(fetch, row, stride, stages, stage);
+    float dot = 0.f;
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      if (slice.begin + lane + int64_t(i) * kGroup < slice.end) {
+        const Vec<T> yv = *y_ring.slot(stage, i), gv = *dy_ring.slot(stage, i);
+#pragma unroll
+        for (int j = 0; j < kN; ++j) dot += to_f32(yv.v[j]) * to_f32(gv.v[j]);
+      }
+    }
+    dot = cluster_reduce<kSplit>(group_reduce<kGroup>(dot, slots[parity], Sum{}), cta_slots[parity], Sum{});
+    parity ^= 1;
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      const int64_t vec = slice.begin + lane + int64_t(i) * kGroup;
+      if (vec < slice.end) {
+        const Vec<T> yv = *y_ring.slot(stage, i), gv = *dy_ring.slot(stage, i);
+        Vec<T> out;
+#pragma unroll
+        for (int j = 0; j < kN; ++j) out.v[j] = from_f32<T>(to_f32(yv.v[j]) * (to_f32(gv.v[j]) - dot));
+        store_vec(dx + row * p.cols + vec * kN, out);
+      }
+    }
+    stage = stage + 1 == stages ? 0 : stage + 1;
+  }
+}
+
+}  // namespace softmax
+}  // namespace jaxcraft
