@@ -44,13 +44,13 @@ NO_MASK, SHARED_MASK, FULL_MASK = "none", "shared", "full"
 #         / jax.nn, us; bench/RESULTS.md, thirteenth session): [16k, 4k]
 #         bf16 fwd 114 / 189, fwd+bwd 208 / 382; f32 fwd 208 / 358, fwd+bwd
 #         405 / 374. [16k, 32k] bf16 fwd 786 / 1526, but fwd+bwd 3542 / 1977
-#         (the backward kernel streams rows past 16K bf16 columns twice; the
-#         policy's kernel forward + XLA backward: 1902). Wider rows go to the
-#         stream kernel, slower than XLA: [16k, 32k] f32 fwd+bwd 4376 /
-#         3543, [4k, 128k] bf16 fwd 1849 / 1477. (The kernels that split
-#         such rows over thread-block clusters, measured outside JAX only so
-#         far, read them once: 4k x 128k bf16 fwd 952 us, bwd 1139 us. To be
-#         measured in JAX before the limits move.)
+#         (the backward kernel then streamed rows past 16K bf16 columns
+#         twice; the policy's kernel forward + XLA backward: 1902). Wider
+#         rows then went to the stream kernel, slower than XLA: [16k, 32k]
+#         f32 fwd+bwd 4376 / 3543, [4k, 128k] bf16 fwd 1849 / 1477. The
+#         kernels now split such rows over thread-block clusters (sm_90) and
+#         read them once: outside JAX 4k x 128k bf16 fwd 952 us, bwd 1139
+#         us; to be measured in JAX before the limits move.
 #   cpu:  XLA. Measured on a 2-core AVX2 machine shared with other jobs
 #         (kernel / XLA, ms): [1024, 4096] fwd 6.2 / 2.7 (f32), 7.5 / 4.1
 #         (bf16); fwd+bwd 7.7 / 3.6 (f32), 10.8 / 8.5 (bf16); [64, 50257]
