@@ -13,9 +13,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 def _norm_plot(rows, meta, path):
   ops = sorted({r["op"] for r in rows})
-  fig, axes = plt.subplots(len(ops), 2, figsize=(12, 3 * len(ops)), squeeze=False)
+  modes = [m for m in ("fwd", "bwd", "fwd+bwd") if any(r["mode"] == m for r in rows)]
+  fig, axes = plt.subplots(len(ops), len(modes), figsize=(6 * len(modes), 3 * len(ops)), squeeze=False)
   for i, op in enumerate(ops):
-    for j, mode in enumerate(("fwd", "fwd+bwd")):
+    for j, mode in enumerate(modes):
       ax = axes[i][j]
       sel = [r for r in rows if r["op"] == op and r["mode"] == mode]
       shapes = list(dict.fromkeys(r["shape"] for r in sel))

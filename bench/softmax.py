@@ -6,9 +6,13 @@ Implementations:
   default   jaxcraft.softmax with implementation=None: the policy's own
             choice per pass (kernel or XLA);
   jax.nn    jax.jit(jax.nn.softmax) in the input dtype (= implementation="xla").
-Modes: "fwd" and "fwd+bwd" (the backward from y and dy = y), GB/s from
-SoftmaxSpec's byte formulas (fwd: read x + write y = 2 passes; fwd+bwd: 5
-passes) and % of the copy ceiling. The "op" column carries the dtype so
+Modes: "fwd"; "bwd", the backward alone (dx from the forward's saved y and
+an independent dy: what the policy's backward choice decides); "fwd+bwd"
+(the backward from dy = y, y itself unused: XLA fuses the forward into its
+backward and never writes y, which no model that consumes y gets). GB/s from
+SoftmaxSpec's byte formulas (fwd: read x + write y = 2 passes; bwd: read y
+and dy, write dx = 3; fwd+bwd: 5) and % of the copy ceiling.
+JAXCRAFT_BENCH_SOFTMAX_MODES (comma-separated) runs only some modes. The "op" column carries the dtype so
 that the plot shows one row per dtype. These rows fill
 DEFAULT_IMPLEMENTATION in jaxcraft/ops/softmax.py.
 """
@@ -33,15 +37,15 @@ def _kernel_platform() -> str:
 
 
 def _impls(x):
-  """name -> (fn(x), is a custom call). The policy's row is chained as a
-  custom call when its forward is the kernel (timing.py: XLA's own ops are
-  timed in a loop, or consecutive steps would fuse)."""
+  """name -> (fn(x), forward is a custom call, backward is one). The policy's
+  row is chained as a custom call where its pass runs the kernel (timing.py:
+  XLA's own ops are timed in a loop, or consecutive steps would fuse)."""
   k = _kernel_platform()
   row_bytes = x.shape[-1] * x.dtype.itemsize
-  policy_kernel = softmax_ops.default_implementation(k, "fwd", row_bytes) == "kernel"
-  return {"jaxcraft": (lambda x: jaxcraft.softmax(x, implementation=k), True),
-          "default": (jaxcraft.softmax, policy_kernel),
-          "jax.nn": (jax.nn.softmax, False)}
+  policy = [softmax_ops.default_implementation(k, p, row_bytes) == "kernel" for p in ("fwd", "bwd")]
+  return {"jaxcraft": (lambda x: jaxcraft.softmax(x, implementation=k), True, True),
+          "default": (jaxcraft.softmax, *policy),
+          "jax.nn": (jax.nn.softmax, False, False)}
 
 
 def _fwd_bwd_step(fn):
@@ -52,10 +56,17 @@ def _fwd_bwd_step(fn):
   return step
 
 
+def _bwd_step(dy, vjp):
+  """dy -> dx through the forward's saved residuals (a vjp closure is a
+  pytree: it travels into the jitted chain as an argument)."""
+  return vjp(dy)[0]
+
+
 def run(bandwidth: float, specs=None):
   if specs is None:
     smoke = os.environ.get("JAXCRAFT_BENCH_SOFTMAX_SMOKE") == "1"
     specs = SOFTMAX_SMOKE_SPECS if smoke else SOFTMAX_SPECS
+  modes = os.environ.get("JAXCRAFT_BENCH_SOFTMAX_MODES", "fwd,bwd,fwd+bwd").split(",")
   rows = []
 
   def record(spec: SoftmaxSpec, dtype, name, mode, sec, nbytes):
@@ -69,16 +80,19 @@ def run(bandwidth: float, specs=None):
     for dtype in DTYPES:
       x = (3 * jax.random.normal(jax.random.key(0), (spec.rows, spec.cols), jnp.float32)).astype(dtype)
       itemsize = jnp.dtype(dtype).itemsize
-      for name, (fn, custom_call) in _impls(x).items():
+      dy = jax.random.normal(jax.random.key(1), x.shape, dtype)
+      for name, (fn, custom_call, bwd_custom_call) in _impls(x).items():
         cases = [("fwd", lambda: time_step(fn, x, custom_call=custom_call), spec.fwd_bytes(itemsize)),
+                 ("bwd", lambda: time_step(_bwd_step, dy, jax.vjp(fn, x)[1], custom_call=bwd_custom_call),
+                  spec.bwd_bytes(itemsize)),
                  ("fwd+bwd", lambda: time_step(_fwd_bwd_step(fn), x, custom_call=custom_call),
                   spec.fwd_bwd_bytes(itemsize))]
-        for mode, timed, nbytes in cases:
+        for mode, timed, nbytes in (c for c in cases if c[0] in modes):
           try:
             sec = timed()
           except Exception as e:  # noqa: BLE001 - a peer that fails is reported, not fatal
             print(f"  softmax {name} {mode} {spec.name}: failed: {type(e).__name__}: {str(e)[:160]}")
             continue
           record(spec, dtype, name, mode, sec, nbytes)
-      del x
+      del x, dy
   return rows

@@ -91,13 +91,18 @@ class SoftmaxSpec:
     """Read x, write y."""
     return 2 * self.rows * self.cols * itemsize
 
+  def bwd_bytes(self, itemsize: int) -> int:
+    """The backward: read y and dy, write dx."""
+    return 3 * self.rows * self.cols * itemsize
+
   def fwd_bwd_bytes(self, itemsize: int) -> int:
     """Forward, plus the backward: read y and dy, write dx."""
     return 5 * self.rows * self.cols * itemsize
 
 
-# 8192 columns: the widest bf16 rows the backward kernel is chosen for (the
-# policy's 16 KiB limit, jaxcraft/ops/softmax.py).
+# 8192 f32 columns: the widest rows one block of the backward kernel holds;
+# 32768 and 131072: rows over thread-block clusters (sm_90), or for f32
+# 131072 the stream kernels (jaxcraft/ops/softmax.py's limits).
 SOFTMAX_SPECS = [SoftmaxSpec(16384, 4096), SoftmaxSpec(16384, 8192), SoftmaxSpec(16384, 32768),
                  SoftmaxSpec(4096, 131072)]
 # JAXCRAFT_BENCH_SOFTMAX_SMOKE=1: the code path anywhere (the numbers mean little).

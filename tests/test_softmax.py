@@ -137,16 +137,21 @@ def test_policy_decides_implementation_none(platform, monkeypatch):
 
 
 def test_policy_row_width_limits(monkeypatch):
-  monkeypatch.setitem(softmax_ops.DEFAULT_IMPLEMENTATION, "cuda", ("kernel", "kernel", 65536, 16384))
+  monkeypatch.setitem(softmax_ops.DEFAULT_IMPLEMENTATION, "cuda", ("kernel", "kernel", 524288, 262144))
   pick = softmax_ops.default_implementation
-  assert [pick("cuda", "fwd", b) for b in (8192, 65536, 65538)] == ["kernel", "kernel", "xla"]
-  assert [pick("cuda", "bwd", b) for b in (16384, 16386)] == ["kernel", "xla"]
+  assert [pick("cuda", "fwd", b, clusters=True) for b in (8192, 524288, 524290)] == ["kernel", "kernel", "xla"]
+  assert [pick("cuda", "bwd", b, clusters=True) for b in (262144, 262146)] == ["kernel", "xla"]
+  # Without thread-block clusters one block's rows are the limit.
+  fwd_block, bwd_block = softmax_ops.BLOCK_ROW_BYTES
+  assert [pick("cuda", "fwd", b, clusters=False) for b in (fwd_block, fwd_block + 2)] == ["kernel", "xla"]
+  assert [pick("cuda", "bwd", b, clusters=False) for b in (bwd_block, bwd_block + 2)] == ["kernel", "xla"]
   assert pick("cuda", "bwd") == "kernel"  # no width given: the table's choice
-  # The lowering asks with the row's bytes: 16K f32 columns fit the forward
-  # limit, 16K + 1 do not.
+  # The lowering asks with the row's bytes and this process's GPU: on sm_90+
+  # 128K f32 columns fit the forward limit, 128K + 1 do not.
   lowered = lambda cols: jax.jit(jaxcraft.softmax).lower(jnp.zeros((2, cols), F32)).as_text()
   if jax.devices()[0].platform == "gpu":
-    assert _ffi.SOFTMAX_FWD in lowered(16384) and _ffi.SOFTMAX_FWD not in lowered(16385)
+    cols = (524288 if softmax_ops._local_gpu_has_clusters() else fwd_block) // 4
+    assert _ffi.SOFTMAX_FWD in lowered(cols) and _ffi.SOFTMAX_FWD not in lowered(cols + 1)
 
 
 def test_transforms(platform):

@@ -13,11 +13,17 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// src_ok = false writes 16 zero bytes and reads nothing (src may be any valid
-// address then): tile edges become zero padding.
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool src_ok = true) {
+// 16 bytes of which the first src_bytes (0..16) are read and the rest
+// zero-filled (src may be any valid address when src_bytes is 0): tile edges
+// become zero padding.
+__device__ __forceinline__ void cp_async_zfill(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_ok ? kCpAsyncBytes : 0));
+               "r"(src_bytes));
+}
+
+// src_ok = false: 16 zero bytes, nothing read.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool src_ok = true) {
+  cp_async_zfill(dst, src, src_ok ? kCpAsyncBytes : 0);
 }
 
 // kBytes (4, 8 or 16) through L1 (.ca): copies narrower than 16 bytes.

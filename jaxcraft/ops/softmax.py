@@ -37,20 +37,20 @@ NO_MASK, SHARED_MASK, FULL_MASK = "none", "shared", "full"
 # e.g. the logits' scale or bias add, and consumer; a custom call is a fusion
 # barrier). Forward and backward choose independently: the backward kernel
 # needs only y and dy, whichever ran the forward.
-#   cuda: the forward kernel for rows of up to 64 KiB (32K bf16 / 16K f32
-#         columns: the rows kernel, whose shared-memory ring holds them),
-#         the backward kernel up to 16 KiB (4096 f32 columns), XLA beyond.
-#         Measured on the H100 (`python bench/run.py --ops softmax`, kernel
-#         / jax.nn, us; bench/RESULTS.md, thirteenth session): [16k, 4k]
-#         bf16 fwd 114 / 189, fwd+bwd 208 / 382; f32 fwd 208 / 358, fwd+bwd
-#         405 / 374. [16k, 32k] bf16 fwd 786 / 1526, but fwd+bwd 3542 / 1977
-#         (the backward kernel then streamed rows past 16K bf16 columns
-#         twice; the policy's kernel forward + XLA backward: 1902). Wider
-#         rows then went to the stream kernel, slower than XLA: [16k, 32k]
-#         f32 fwd+bwd 4376 / 3543, [4k, 128k] bf16 fwd 1849 / 1477. The
-#         kernels now split such rows over thread-block clusters (sm_90) and
-#         read them once: outside JAX 4k x 128k bf16 fwd 952 us, bwd 1139
-#         us; to be measured in JAX before the limits move.
+#   cuda: the kernels for rows of up to 512 KiB forward (256K bf16 / 128K
+#         f32 columns) and 256 KiB backward, the widest that thread-block
+#         clusters of 8 blocks hold (sm_90+; without clusters
+#         BLOCK_ROW_BYTES below), XLA beyond. Measured on the H100
+#         (`python bench/run.py --ops softmax`, kernel / jax.nn, us;
+#         bench/RESULTS.md, fourteenth session). Forward: [16k, 4k] bf16
+#         105 / 191, [16k, 32k] f32 1743 / 2848, [4k, 128k] bf16 946 / 1465,
+#         f32 1849 / 2830. Backward alone (dx from y and an independent dy):
+#         [16k, 4k] bf16 148 / 237, [16k, 8k] f32 565 / 891, [16k, 32k] f32
+#         2257 / 3500, [4k, 128k] bf16 1172 / 1743; f32 [4k, 128k] (512 KiB,
+#         streamed) 3543 / 3606, a tie, so XLA there. Where y is discarded
+#         and dy = y, XLA fuses the pair and never writes y: its fwd+bwd is
+#         then 3-7% faster past 64 KiB rows ([4k, 128k] bf16 1828 vs 1967),
+#         a program no model runs (y feeds the next layer).
 #   cpu:  XLA. Measured on a 2-core AVX2 machine shared with other jobs
 #         (kernel / XLA, ms): [1024, 4096] fwd 6.2 / 2.7 (f32), 7.5 / 4.1
 #         (bf16); fwd+bwd 7.7 / 3.6 (f32), 10.8 / 8.5 (bf16); [64, 50257]
@@ -60,20 +60,43 @@ NO_MASK, SHARED_MASK, FULL_MASK = "none", "shared", "full"
 DEFAULT_IMPLEMENTATION = {
     # platform: (forward, backward[, the widest row in bytes the forward
     # kernel is chosen for, the widest the backward kernel is])
-    "cuda": ("kernel", "kernel", 64 * 1024, 16 * 1024),
+    "cuda": ("kernel", "kernel", 512 * 1024, 256 * 1024),
     "cpu": ("xla", "xla"),
 }
 PASSES = ("fwd", "bwd")
 
 
-def default_implementation(platform: str, pass_: str = "fwd", row_bytes: int | None = None) -> str:
+# The widest rows (bytes: forward, backward) one block of the rows kernel
+# holds. Wider rows split over thread-block clusters (sm_90+); on a GPU
+# without them they stream from global memory twice, slower than XLA.
+BLOCK_ROW_BYTES = (64 * 1024, 32 * 1024)
+
+
+@functools.cache
+def _local_gpu_has_clusters() -> bool:
+  """Whether this process's first GPU is sm_90+ (False without a GPU, e.g.
+  when exporting for CUDA from a CPU machine: the narrower limits)."""
+  try:
+    device = jax.devices("gpu")[0]
+  except RuntimeError:
+    return False
+  return float(getattr(device, "compute_capability", "0")) >= 9.0
+
+
+def default_implementation(platform: str, pass_: str = "fwd", row_bytes: int | None = None,
+                           clusters: bool | None = None) -> str:
   """"kernel" or "xla": what `implementation=None` runs for the forward or
   backward pass (`pass_`) on `platform` for rows of `row_bytes` bytes (see
-  DEFAULT_IMPLEMENTATION)."""
+  DEFAULT_IMPLEMENTATION). `clusters`: whether the GPU has thread-block
+  clusters (None: ask this process's GPU)."""
   choice = DEFAULT_IMPLEMENTATION.get(platform, ("xla", "xla"))
   index = PASSES.index(pass_)
-  if row_bytes is not None and len(choice) > 2 and row_bytes > choice[2 + index]:
-    return "xla"
+  if row_bytes is not None and len(choice) > 2:
+    if clusters is None:
+      clusters = _local_gpu_has_clusters()
+    limit = choice[2 + index] if clusters else min(choice[2 + index], BLOCK_ROW_BYTES[index])
+    if row_bytes > limit:
+      return "xla"
   return choice[index]
 
 # ---------------------------------------------------------------- reference

@@ -24,8 +24,7 @@ constexpr int kWarpSize = 32;
 constexpr int kMmaM = 16;
 constexpr int kMmaN = 8;
 constexpr int kMmaK = 16;
-constexpr int kCopyBytes = 16;  // one cp.async / ldmatrix row
-constexpr int kElemsPerCopy = kCopyBytes / 2;  // 16-bit elements
+constexpr int kElemsPerCopy = kCpAsyncBytes / 2;  // 16-bit elements per copy / ldmatrix row
 
 template <DType kDt> struct ElemOf;
 template <> struct ElemOf<DType::kBF16> { using type = __nv_bfloat16; };

@@ -106,13 +106,6 @@ __host__ __device__ constexpr int elem_tile_bytes(int rows, int cols, int elem) 
   return rows * elem_row_bytes(cols, elem);
 }
 
-// cp.async of 16 bytes of which the first src_bytes (0..16) are read, the
-// rest zero-filled.
-__device__ __forceinline__ void cp_async_partial(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes));
-}
-
 // Copies a [kRows x kCols] block of `elem`-byte elements whose row r starts
 // at src + r * src_row_bytes (bytes) to the shared tile `dst`; rows >=
 // valid_rows and columns >= valid_cols become zeros and are not read.
@@ -133,7 +126,7 @@ __device__ __forceinline__ void stage_elem_tile(unsigned char* dst, const unsign
       const int r = i >> chunks_log, k = (i & ((1 << chunks_log) - 1)) * 16;
       const int n = min(16, valid_bytes - k);
       const bool ok = r < valid_rows && n > 0;
-      cp_async_partial(dst_sa + r * row_bytes + k, ok ? src + r * src_row_bytes + k : fallback,
+      cp_async_zfill(dst_sa + r * row_bytes + k, ok ? src + r * src_row_bytes + k : fallback,
                        ok ? n : 0);
     }
   } else {

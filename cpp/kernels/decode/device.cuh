@@ -21,7 +21,6 @@ namespace jaxcraft {
 namespace decode {
 
 constexpr int kWarpSize = 32;
-constexpr int kCopyBytes = 16;  // one cp.async / ldmatrix row / vector load
 constexpr float kLog2e = 1.4426950408889634f;  // exp(x) = exp2(x * log2(e))
 constexpr float kNegInf = -__builtin_huge_valf();
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "common/device_cache.h"
 #include "kernels/decode/combine_kernel.cuh"
 #include "kernels/decode/launch.h"
 #include "kernels/decode/split_mma_kernel.cuh"
@@ -16,7 +17,6 @@ namespace {
 
 using decode::DecodeArgs;
 
-constexpr int kMaxDevices = 64;
 constexpr size_t kDefaultSmemLimit = 48 * 1024;  // above this a kernel must opt in
 
 // A split shorter than this many keys spends more on its pipeline fill and
@@ -27,28 +27,6 @@ constexpr int64_t kMinKeysPerSplit = 256;
 constexpr double kWaveEfficiency = 0.95;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// A per-device integer, computed once per device by query(device, &value).
-// Neither query used here synchronizes or touches a stream.
-template <typename Query>
-cudaError_t per_device(std::atomic<int> (&cache)[kMaxDevices], Query query, int* out) {
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  if (device < kMaxDevices) {
-    const int cached = cache[device].load(std::memory_order_relaxed);
-    if (cached > 0) {
-      *out = cached;
-      return cudaSuccess;
-    }
-  }
-  int value = 0;
-  if ((err = query(device, &value)) != cudaSuccess) return err;
-  value = std::max(value, 1);
-  if (device < kMaxDevices) cache[device].store(value, std::memory_order_relaxed);
-  *out = value;
-  return cudaSuccess;
-}
 
 // Splits per (b, kv head, row chunk), from the shape and the GPU alone (no
 // lengths: they live on the device). One wave of `resident` CTAs streams at
@@ -74,18 +52,14 @@ int choose_splits(int64_t ctas, int64_t keys, int64_t resident, int64_t max_spli
 template <typename T, typename Cfg>
 cudaError_t run(const DecodeParams& p, void (*kernel)(DecodeArgs), size_t smem,
                 cudaStream_t stream) {
-  static std::atomic<int> resident_cache[kMaxDevices];  // CTAs per SM, per device
-  static std::atomic<int> sm_cache[kMaxDevices];
+  static std::atomic<int> resident_cache[kMaxCachedDevices];  // CTAs per SM, per device
   cudaError_t err = cudaSuccess;
   if (smem > kDefaultSmemLimit &&
       (err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(smem))) != cudaSuccess)
     return err;
   int sms = 0, per_sm = 0;
-  err = per_device(sm_cache, [](int device, int* v) {
-    return cudaDeviceGetAttribute(v, cudaDevAttrMultiProcessorCount, device);
-  }, &sms);
-  if (err != cudaSuccess) return err;
+  if ((err = multiprocessor_count(&sms)) != cudaSuccess) return err;
   err = per_device(resident_cache, [&](int, int* v) {
     return cudaOccupancyMaxActiveBlocksPerMultiprocessor(v, kernel, Cfg::kThreads, smem);
   }, &per_sm);

@@ -23,7 +23,7 @@ struct MmaConfig {
   static constexpr int kRows = 16;          // one m16 tile of query rows per CTA
   static constexpr int kKeysPerWarp = 16;   // one k16 step of P V
   static constexpr int kBlockN = kWarps * kKeysPerWarp;
-  static constexpr int kChunks = kHeadDim * int(sizeof(T)) / kCopyBytes;  // 16-byte chunks per row
+  static constexpr int kChunks = kHeadDim * int(sizeof(T)) / kCpAsyncBytes;  // 16-byte chunks per row
   // Bytes in flight: H100 needs ~25 KiB per SM to cover HBM latency. At 32 KiB
   // of K+V per tile (D128), 3 stages (~100 KiB) keep 2 tiles in flight and let
   // 2 CTAs share an SM (227 KiB); D64 tiles are half as large (4 stages);
@@ -47,7 +47,7 @@ struct MmaConfig {
   // columns. ldmatrix reads one chunk column of 8 consecutive rows; XOR-ing
   // the chunk with the row puts those 8 reads in 8 different bank groups.
   __device__ static int swizzle(int row, int chunk) {
-    return row * kHeadDim + ((chunk ^ (row & 7)) * (kCopyBytes / int(sizeof(T))));
+    return row * kHeadDim + ((chunk ^ (row & 7)) * (kCpAsyncBytes / int(sizeof(T))));
   }
 };
 
@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(MmaConfig<T, kHeadDim>::kThreads, 1)
     decode_split_mma_kernel(const __grid_constant__ DecodeArgs a) {
   using Cfg = MmaConfig<T, kHeadDim>;
   constexpr int kStages = Cfg::kStages, kBlockN = Cfg::kBlockN, kRows = Cfg::kRows;
-  constexpr int kElemsPerChunk = kCopyBytes / int(sizeof(T));
+  constexpr int kElemsPerChunk = kCpAsyncBytes / int(sizeof(T));
   constexpr int kDimTiles = kHeadDim / 8;  // n8 tiles of the output
   extern __shared__ __align__(128) unsigned char smem[];
   T* s_k = reinterpret_cast<T*>(smem);

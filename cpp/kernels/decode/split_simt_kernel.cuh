@@ -17,7 +17,7 @@ namespace decode {
 template <int kHeadDim>
 struct SimtConfig {
   static constexpr int kThreads = 128;
-  static constexpr int kVec = kCopyBytes / int(sizeof(float));
+  static constexpr int kVec = kCpAsyncBytes / int(sizeof(float));
   static constexpr int kVecsPerRow = kHeadDim / kVec;
   static constexpr int kLanesPerKey = kVecsPerRow < kWarpSize ? kVecsPerRow : kWarpSize;
   static constexpr int kVecsPerLane = kVecsPerRow / kLanesPerKey;

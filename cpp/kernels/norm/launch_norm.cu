@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "common/cluster_launch.h"
+#include "common/device_cache.h"
 #include "kernels/norm/launch.h"
 #include "kernels/norm/norm_rows_kernel.cuh"
 #include "kernels/norm/norm_stream_kernel.cuh"
@@ -79,38 +81,18 @@ bool can_vectorize(int64_t cols, std::initializer_list<const void*> ptrs) {
   return true;
 }
 
-// Cluster kernels run only where the device is sm_90+ and the image the
-// runtime loaded for it was compiled for sm_90+ (a newer GPU may JIT the
-// sm_80 PTX instead, in which the cluster kernels are empty). Asked once per
-// device (devices past kMaxDevices: every launch); neither query synchronizes.
-constexpr int kClusterMajor = 9;
-constexpr int kMaxDevices = 64;
-
+// Whether the current device runs cluster kernels (asked of one of them).
 cudaError_t has_clusters(bool* result) {
-  enum : int { kUnknown = 0, kNo, kYes };
-  static std::atomic<int> cache[kMaxDevices];  // static storage: starts at kUnknown
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  const int cached =
-      device < kMaxDevices ? cache[device].load(std::memory_order_relaxed) : int(kUnknown);
-  if (cached != kUnknown) {
-    *result = cached == kYes;
-    return cudaSuccess;
-  }
-  int major = 0;
-  err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (err != cudaSuccess) return err;
-  bool yes = false;
-  if (major >= kClusterMajor) {
-    cudaFuncAttributes attrs;
-    err = cudaFuncGetAttributes(&attrs, norm::norm_fwd_rows_kernel<float, 256, 4, kMaxSplit>);
-    if (err != cudaSuccess) return err;
-    yes = attrs.ptxVersion >= kClusterMajor * 10;
-  }
-  if (device < kMaxDevices) cache[device].store(yes ? kYes : kNo, std::memory_order_relaxed);
-  *result = yes;
-  return cudaSuccess;
+  static std::atomic<int> cache[kMaxCachedDevices];  // 1: no, 2: yes
+  int answer = 0;
+  const cudaError_t err = per_device(cache, [](int device, int* v) {
+    bool yes = false;
+    const cudaError_t e = runs_clusters(norm::norm_fwd_rows_kernel<float, 256, 4, kMaxSplit>, device, &yes);
+    *v = yes ? 2 : 1;
+    return e;
+  }, &answer);
+  *result = answer == 2;
+  return err;
 }
 
 // Enough resident rows for the whole GPU without a giant grid: grid-stride
@@ -119,32 +101,14 @@ constexpr int64_t kMaxGrid = 1 << 16;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Launches `clusters` clusters of kSplit consecutive blocks (plain blocks when
-// kSplit == 1).
-template <int kSplit, typename Params>
-cudaError_t launch(void (*kernel)(Params), int64_t clusters, int threads, size_t smem,
-                   cudaStream_t stream, const Params& p) {
-  cudaLaunchAttribute cluster_dim;
-  cluster_dim.id = cudaLaunchAttributeClusterDimension;
-  cluster_dim.val.clusterDim.x = kSplit;
-  cluster_dim.val.clusterDim.y = 1;
-  cluster_dim.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(clusters * kSplit));
-  config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  config.attrs = &cluster_dim;
-  config.numAttrs = kSplit > 1 ? 1 : 0;
-  return cudaLaunchKernelEx(&config, kernel, p);
-}
-
+// Clusters of kSplit consecutive blocks (plain blocks when kSplit == 1)
+// walking the rows.
 template <typename T, int kGroup, int kVecs, int kSplit>
 cudaError_t launch_fwd_rows(const NormFwdParams& p, cudaStream_t stream) {
   constexpr int kThreads = block_threads<kGroup>();
   const int64_t clusters = std::min(kMaxGrid, ceil_div(p.rows, kThreads / kGroup));
-  return launch<kSplit>(norm::norm_fwd_rows_kernel<T, kGroup, kVecs, kSplit>, clusters, kThreads,
-                        0, stream, p);
+  return ClusterLaunch(kSplit, clusters * kSplit, kThreads, 0, stream)
+      .launch(norm::norm_fwd_rows_kernel<T, kGroup, kVecs, kSplit>, p);
 }
 
 // One cluster (a block when kSplit == 1) per partial row of dscale/dbias.
@@ -154,8 +118,8 @@ cudaError_t launch_bwd_rows(const NormBwdParams& p, cudaStream_t stream) {
   constexpr int kRowsPerBlock = kThreads / kGroup;
   constexpr size_t kFoldBytes =
       kRowsPerBlock > 1 ? sizeof(float) * kRowsPerBlock * kGroup * kVecs * Vec<T>::kN : 0;
-  return launch<kSplit>(norm::norm_bwd_rows_kernel<T, kGroup, kVecs, kSplit>, p.num_partials,
-                        kThreads, kFoldBytes, stream, p);
+  return ClusterLaunch(kSplit, p.num_partials * kSplit, kThreads, kFoldBytes, stream)
+      .launch(norm::norm_bwd_rows_kernel<T, kGroup, kVecs, kSplit>, p);
 }
 
 template <typename T>

@@ -51,6 +51,20 @@ __device__ __forceinline__ int cluster_rank() {
   }
 }
 
+// The vectors [begin, end) of a row of `vectors` that this CTA holds: all of
+// them, or with kSplit > 1 the rank-th of kSplit balanced slices (none longer
+// than ceil(vectors / kSplit); the last ones may be empty).
+struct RowSlice {
+  int64_t begin, end;
+};
+
+template <int kSplit>
+__device__ __forceinline__ RowSlice cluster_slice(int64_t vectors) {
+  const int64_t per = (vectors + kSplit - 1) / kSplit;
+  const int64_t begin = cluster_rank<kSplit>() * per;
+  return {begin < vectors ? begin : vectors, begin + per < vectors ? begin + per : vectors};
+}
+
 __device__ __forceinline__ void cluster_sync() {
 #if JAXCRAFT_NORM_HAS_CLUSTERS
   cooperative_groups::this_cluster().sync();

@@ -24,14 +24,11 @@ struct ThreadColumns {
   __device__ int64_t col(int i) const { return col0 + int64_t(i) * kGroup * kN; }
 };
 
-// Balanced slices: no CTA of the cluster holds more than ceil(vectors / kSplit).
 template <int kGroup, int kSplit, int kN>
 __device__ __forceinline__ ThreadColumns<kGroup, kN> thread_columns(int64_t cols, int lane) {
-  const int64_t vectors = cols / kN;
-  const int64_t slice = (vectors + kSplit - 1) / kSplit;
-  const int64_t first = cluster_rank<kSplit>() * slice + lane;
-  const int64_t end = first - lane + slice < vectors ? first - lane + slice : vectors;
-  return {first * kN, static_cast<int>(end - first)};
+  const RowSlice slice = cluster_slice<kSplit>(cols / kN);
+  const int64_t first = slice.begin + lane;
+  return {first * kN, static_cast<int>(slice.end - first)};
 }
 
 // Thread 0 asks L2 for this block's share of rows [row, row + kRowsPerBlock)

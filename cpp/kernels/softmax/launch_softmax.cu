@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "common/cluster_launch.h"
+#include "common/device_cache.h"
 #include "kernels/softmax/launch.h"
 #include "kernels/softmax/softmax_rows_kernels.cuh"
 #include "kernels/softmax/softmax_stream_kernels.cuh"
@@ -108,8 +110,6 @@ void bwd_stream(const SoftmaxBwdParams& p, cudaStream_t stream) {
 // ring.
 constexpr int kRingStages = 3;
 constexpr int kStaticSmemMargin = 1024;  // the kernels' own reduction slots
-constexpr int kMaxDevices = 64;
-constexpr int kClusterMajor = 9;
 
 // How many of kKernel's row walkers fit on the device at once with `smem`
 // bytes of ring: blocks (kSplit = 1), or clusters of kSplit blocks, 0 where
@@ -119,9 +119,9 @@ constexpr int kClusterMajor = 9;
 // mask): the queries and the shared-memory opt-in cost host time.
 template <auto kKernel, int kSplit>
 cudaError_t resident_walkers(int device, int threads, int smem, int smem_limit, int* out) {
-  static std::atomic<int64_t> cache[kMaxDevices][2];  // smem << 32 | walkers + 1; 0: empty
+  static std::atomic<int64_t> cache[kMaxCachedDevices][2];  // smem << 32 | walkers + 1; 0: empty
   const int64_t key = int64_t{smem} << 32;
-  if (device < kMaxDevices) {
+  if (device < kMaxCachedDevices) {
     for (auto& slot : cache[device]) {
       const int64_t v = slot.load(std::memory_order_relaxed);
       if (v != 0 && (v & ~int64_t{0xffffffff}) == key) {
@@ -136,32 +136,19 @@ cudaError_t resident_walkers(int device, int threads, int smem, int smem_limit, 
   if constexpr (kSplit == 1) {
     int per_sm = 0, sms = 0;
     if ((err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, threads, smem)) != cudaSuccess ||
-        (err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess)
+        (err = multiprocessor_count(&sms)) != cudaSuccess)
       return err;
     walkers = std::max(per_sm, 1) * sms;
   } else {
-    int major = 0;
-    cudaFuncAttributes attrs;
-    if ((err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) != cudaSuccess ||
-        (err = cudaFuncGetAttributes(&attrs, kKernel)) != cudaSuccess)
+    bool clusters = false;
+    if ((err = runs_clusters(kKernel, device, &clusters)) != cudaSuccess) return err;
+    if (clusters &&
+        (err = ClusterLaunch(kSplit, kSplit, threads, smem, nullptr).max_active_clusters(kKernel, &walkers)) !=
+            cudaSuccess)
       return err;
-    if (major >= kClusterMajor && attrs.binaryVersion >= kClusterMajor * 10) {
-      cudaLaunchAttribute cluster_dim;
-      cluster_dim.id = cudaLaunchAttributeClusterDimension;
-      cluster_dim.val.clusterDim.x = kSplit;
-      cluster_dim.val.clusterDim.y = 1;
-      cluster_dim.val.clusterDim.z = 1;
-      cudaLaunchConfig_t config = {};
-      config.gridDim = dim3(kSplit);
-      config.blockDim = dim3(threads);
-      config.dynamicSmemBytes = smem;
-      config.attrs = &cluster_dim;
-      config.numAttrs = 1;
-      if ((err = cudaOccupancyMaxActiveClusters(&walkers, kKernel, &config)) != cudaSuccess) return err;
-    }
   }
   *out = walkers;
-  if (device < kMaxDevices) {
+  if (device < kMaxCachedDevices) {
     for (auto& slot : cache[device]) {
       int64_t empty = 0;
       if (slot.compare_exchange_strong(empty, key | (walkers + 1))) break;
@@ -192,24 +179,7 @@ bool launch_rows(int stage_bytes, const Params& p, cudaStream_t stream, cudaErro
   if (walkers < 1) return false;
   constexpr int kRowsPerBlock = kThreads / kGroup;
   const int64_t blocks = std::min(ceil_div(p.rows, kRowsPerBlock), int64_t{walkers}) * kSplit;
-  if constexpr (kSplit == 1) {
-    kKernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(p, stages);
-    *err = cudaGetLastError();
-  } else {
-    cudaLaunchAttribute cluster_dim;
-    cluster_dim.id = cudaLaunchAttributeClusterDimension;
-    cluster_dim.val.clusterDim.x = kSplit;
-    cluster_dim.val.clusterDim.y = 1;
-    cluster_dim.val.clusterDim.z = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>(blocks));
-    config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = smem;
-    config.stream = stream;
-    config.attrs = &cluster_dim;
-    config.numAttrs = 1;
-    *err = cudaLaunchKernelEx(&config, kKernel, p, stages);
-  }
+  *err = ClusterLaunch(kSplit, blocks, kThreads, smem, stream).launch(kKernel, p, stages);
   return true;
 }
 

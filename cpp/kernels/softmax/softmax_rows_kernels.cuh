@@ -33,23 +33,6 @@ __device__ __forceinline__ float exp_shifted(float x, float m, float m_log2e) {
   }
 }
 
-// The vectors of the row this CTA holds, [begin, end): all of them, or with
-// kSplit > 1 the rank-th of kSplit balanced slices.
-struct RowSlice {
-  int64_t begin, end;
-};
-
-template <int kSplit>
-__device__ __forceinline__ RowSlice row_slice(int64_t vectors) {
-  if constexpr (kSplit == 1) {
-    return {0, vectors};
-  } else {
-    const int64_t per = (vectors + kSplit - 1) / kSplit;
-    const int64_t begin = norm::cluster_rank<kSplit>() * per;
-    return {begin < vectors ? begin : vectors, begin + per < vectors ? begin + per : vectors};
-  }
-}
-
 // ------------------------------------------------------------------ forward
 // kMasked: p.mask is set (its bytes travel through the ring beside x);
 // without it every element is kept and the per-element selects go away.
@@ -67,7 +50,7 @@ __global__ void __launch_bounds__(block_threads<kGroup>())
   // kMasked: the mask's kN bytes per vector, in a ring of the same slots after x's.
   uint8_t* mask_ring = ring_smem + stages * Ring::kStageBytes;
   const int lane = threadIdx.x % kGroup;
-  const RowSlice slice = row_slice<kSplit>(p.cols / kN);
+  const norm::RowSlice slice = norm::cluster_slice<kSplit>(p.cols / kN);
   const T* x = static_cast<const T*>(p.x);
   T* y = static_cast<T*>(p.y);
   auto fetch = [&](int64_t row, int stage) {
@@ -161,7 +144,7 @@ __global__ void __launch_bounds__(block_threads<kGroup>())
   __shared__ float cta_slots[2][kSplit];
   const Ring y_ring(ring_smem), dy_ring(ring_smem + stages * Ring::kStageBytes);
   const int lane = threadIdx.x % kGroup;
-  const RowSlice slice = row_slice<kSplit>(p.cols / kN);
+  const norm::RowSlice slice = norm::cluster_slice<kSplit>(p.cols / kN);
   const T* y = static_cast<const T*>(p.y);
   const T* dy = static_cast<const T*>(p.dy);
   T* dx = static_cast<T*>(p.dx);

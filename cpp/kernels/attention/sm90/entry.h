@@ -8,6 +8,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "common/device_cache.h"
 #include "kernels/attention/kernel_args.h"
 
 namespace jaxcraft {
@@ -17,11 +18,8 @@ namespace attn {
 // loop over their work (the Hopper forward's persistent grid, the dQ
 // conversion's cap).
 inline int multiprocessor_count() {
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-    return 1;
-  return sms;
+  int sms = 1;
+  return ::jaxcraft::multiprocessor_count(&sms) == cudaSuccess ? sms : 1;
 }
 
 namespace sm90 {

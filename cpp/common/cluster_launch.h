@@ -1,0 +1,65 @@
+// Host side of thread-block clusters (sm_90+): whether a kernel can run as
+// clusters on a device, and the launch configuration that groups a 1-D grid
+// into clusters of `split` consecutive blocks.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <utility>
+
+namespace jaxcraft {
+
+constexpr int kClusterMajor = 9;
+
+// Whether `kernel` runs as clusters on `device`: the device is sm_90+ and the
+// image the runtime loaded for it came from sm_90+ code (a newer GPU may JIT
+// older PTX, in which cluster kernels compile to nothing).
+template <typename Kernel>
+cudaError_t runs_clusters(Kernel* kernel, int device, bool* out) {
+  int major = 0;
+  cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err != cudaSuccess) return err;
+  *out = false;
+  if (major < kClusterMajor) return cudaSuccess;
+  cudaFuncAttributes attrs;
+  if ((err = cudaFuncGetAttributes(&attrs, kernel)) != cudaSuccess) return err;
+  *out = attrs.ptxVersion >= kClusterMajor * 10;
+  return cudaSuccess;
+}
+
+// `blocks` blocks of `threads` threads in clusters of `split` (plain blocks
+// when split == 1). Not copyable: the configuration points at its attribute.
+class ClusterLaunch {
+ public:
+  ClusterLaunch(int split, int64_t blocks, int threads, size_t smem, cudaStream_t stream) {
+    attr_.id = cudaLaunchAttributeClusterDimension;
+    attr_.val.clusterDim.x = static_cast<unsigned>(split);
+    attr_.val.clusterDim.y = 1;
+    attr_.val.clusterDim.z = 1;
+    config_.gridDim = dim3(static_cast<unsigned>(blocks));
+    config_.blockDim = dim3(static_cast<unsigned>(threads));
+    config_.dynamicSmemBytes = smem;
+    config_.stream = stream;
+    config_.attrs = &attr_;
+    config_.numAttrs = split > 1 ? 1 : 0;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+
+  template <typename... Params, typename... Args>
+  cudaError_t launch(void (*kernel)(Params...), Args&&... args) const {
+    return cudaLaunchKernelEx(&config_, kernel, std::forward<Args>(args)...);
+  }
+
+  // How many such clusters fit on the device at once.
+  template <typename Kernel>
+  cudaError_t max_active_clusters(Kernel* kernel, int* out) const {
+    return cudaOccupancyMaxActiveClusters(out, kernel, &config_);
+  }
+
+ private:
+  cudaLaunchAttribute attr_ = {};
+  cudaLaunchConfig_t config_ = {};
+};
+
+}  // namespace jaxcraft
