@@ -51,18 +51,31 @@ __device__ __forceinline__ int cluster_rank() {
   }
 }
 
-// The vectors [begin, end) of a row of `vectors` that this CTA holds: all of
-// them, or with kSplit > 1 the rank-th of kSplit balanced slices (none longer
-// than ceil(vectors / kSplit); the last ones may be empty).
-struct RowSlice {
-  int64_t begin, end;
+// The columns one thread holds: this CTA's slice of the row is a run of
+// vectors, and vector i of thread `lane` is vector lane + i * kGroup of the
+// slice (consecutive lanes read consecutive 16-byte vectors: coalesced).
+template <int kGroup, int kN>
+struct ThreadColumns {
+  int64_t col0;  // the column of this thread's vector 0
+  int left;      // vectors of the slice from that one on (<= 0: none)
+  __device__ bool owns(int i) const { return i * kGroup < left; }
+  // Columns from vector 0 to vector i: a constant, so per-row addresses
+  // are a base pointer plus immediates.
+  __device__ static constexpr int64_t offset(int i) { return int64_t(i) * kGroup * kN; }
+  __device__ int64_t col(int i) const { return col0 + offset(i); }
 };
 
-template <int kSplit>
-__device__ __forceinline__ RowSlice cluster_slice(int64_t vectors) {
+// The CTA's slice: the whole row, or with kSplit > 1 the rank-th of kSplit
+// balanced slices (none longer than ceil(vectors / kSplit); the last ones may
+// be empty).
+template <int kGroup, int kSplit, int kN>
+__device__ __forceinline__ ThreadColumns<kGroup, kN> thread_columns(int64_t cols, int lane) {
+  const int64_t vectors = cols / kN;
   const int64_t per = (vectors + kSplit - 1) / kSplit;
   const int64_t begin = cluster_rank<kSplit>() * per;
-  return {begin < vectors ? begin : vectors, begin + per < vectors ? begin + per : vectors};
+  const int64_t end = begin + per < vectors ? begin + per : vectors;
+  const int64_t first = (begin < vectors ? begin : vectors) + lane;
+  return {first * kN, static_cast<int>(end - first)};
 }
 
 __device__ __forceinline__ void cluster_sync() {

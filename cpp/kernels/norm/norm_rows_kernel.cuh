@@ -13,24 +13,6 @@
 namespace jaxcraft {
 namespace norm {
 
-// The columns one thread holds: this CTA's slice of the row is a run of
-// vectors, and vector i of thread `lane` is vector lane + i * kGroup of the
-// slice (consecutive lanes read consecutive 16-byte vectors: coalesced).
-template <int kGroup, int kN>
-struct ThreadColumns {
-  int64_t col0;  // the column of this thread's vector 0
-  int left;      // vectors of the slice from that one on (<= 0: none)
-  __device__ bool owns(int i) const { return i * kGroup < left; }
-  __device__ int64_t col(int i) const { return col0 + int64_t(i) * kGroup * kN; }
-};
-
-template <int kGroup, int kSplit, int kN>
-__device__ __forceinline__ ThreadColumns<kGroup, kN> thread_columns(int64_t cols, int lane) {
-  const RowSlice slice = cluster_slice<kSplit>(cols / kN);
-  const int64_t first = slice.begin + lane;
-  return {first * kN, static_cast<int>(slice.end - first)};
-}
-
 // Thread 0 asks L2 for this block's share of rows [row, row + kRowsPerBlock)
 // of t: whole rows, or with a cluster this CTA's slice (thread 0 holds the
 // slice's first vector, and `left` counts the slice).

@@ -49,20 +49,23 @@ __global__ void __launch_bounds__(block_threads<kGroup>())
   const Ring ring(ring_smem);
   // kMasked: the mask's kN bytes per vector, in a ring of the same slots after x's.
   uint8_t* mask_ring = ring_smem + stages * Ring::kStageBytes;
-  const int lane = threadIdx.x % kGroup;
-  const norm::RowSlice slice = norm::cluster_slice<kSplit>(p.cols / kN);
-  const T* x = static_cast<const T*>(p.x);
-  T* y = static_cast<T*>(p.y);
+  // Base pointers at this thread's vector 0: a row's vector i is then a
+  // row offset plus the immediate Cols::offset(i).
+  using Cols = norm::ThreadColumns<kGroup, kN>;
+  const Cols cols = norm::thread_columns<kGroup, kSplit, kN>(p.cols, threadIdx.x % kGroup);
+  const T* x = static_cast<const T*>(p.x) + cols.col0;
+  T* y = static_cast<T*>(p.y) + cols.col0;
+  const uint8_t* mask = kMasked ? p.mask + cols.col0 : nullptr;
   auto fetch = [&](int64_t row, int stage) {
     if (row >= p.rows) return;
+    const T* xr = x + row * p.cols;
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
-      const int64_t vec = slice.begin + lane + int64_t(i) * kGroup;
-      if (vec < slice.end) {
-        cp_async_16(smem_u32(ring.slot(stage, i)), x + row * p.cols + vec * kN);
+      if (cols.owns(i)) {
+        cp_async_16(smem_u32(ring.slot(stage, i)), xr + Cols::offset(i));
         if constexpr (kMasked)
           cp_async_ca<kN>(smem_u32(mask_ring + Ring::index(stage, i) * kN),
-                          p.mask + row * p.mask_row_stride + vec * kN);
+                          mask + row * p.mask_row_stride + Cols::offset(i));
       }
     }
   };
@@ -84,7 +87,7 @@ __global__ void __launch_bounds__(block_threads<kGroup>())
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
       keep[i] = 0;
-      if (slice.begin + lane + int64_t(i) * kGroup < slice.end) {
+      if (cols.owns(i)) {
         const Vec<T> v = *ring.slot(stage, i);
         keep[i] = kMasked ? mask_bits<kN>(mask_ring + Ring::index(stage, i) * kN, 0) : kAll;
 #pragma unroll
@@ -118,14 +121,13 @@ __global__ void __launch_bounds__(block_threads<kGroup>())
     T* yr = y + row * p.cols;
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
-      const int64_t vec = slice.begin + lane + int64_t(i) * kGroup;
-      if (vec < slice.end) {
+      if (cols.owns(i)) {
         // Masked-out elements are 0 even when the row kept nothing (factor = inf).
         Vec<T> out;
 #pragma unroll
         for (int j = 0; j < kN; ++j)
           out.v[j] = from_f32<T>(!kMasked || keep[i] >> j & 1u ? e[i][j] * factor : 0.f);
-        store_vec(yr + vec * kN, out);
+        store_vec(yr + Cols::offset(i), out);
       }
     }
     stage = stage + 1 == stages ? 0 : stage + 1;
@@ -143,19 +145,19 @@ __global__ void __launch_bounds__(block_threads<kGroup>())
   __shared__ float slots[2][kGroup / kWarp];  // by row parity (group_reduce)
   __shared__ float cta_slots[2][kSplit];
   const Ring y_ring(ring_smem), dy_ring(ring_smem + stages * Ring::kStageBytes);
-  const int lane = threadIdx.x % kGroup;
-  const norm::RowSlice slice = norm::cluster_slice<kSplit>(p.cols / kN);
-  const T* y = static_cast<const T*>(p.y);
-  const T* dy = static_cast<const T*>(p.dy);
-  T* dx = static_cast<T*>(p.dx);
+  using Cols = norm::ThreadColumns<kGroup, kN>;  // as in the forward
+  const Cols cols = norm::thread_columns<kGroup, kSplit, kN>(p.cols, threadIdx.x % kGroup);
+  const T* y = static_cast<const T*>(p.y) + cols.col0;
+  const T* dy = static_cast<const T*>(p.dy) + cols.col0;
+  T* dx = static_cast<T*>(p.dx) + cols.col0;
   auto fetch = [&](int64_t row, int stage) {
     if (row >= p.rows) return;
+    const int64_t r = row * p.cols;
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
-      const int64_t vec = slice.begin + lane + int64_t(i) * kGroup;
-      if (vec < slice.end) {
-        cp_async_16(smem_u32(y_ring.slot(stage, i)), y + row * p.cols + vec * kN);
-        cp_async_16(smem_u32(dy_ring.slot(stage, i)), dy + row * p.cols + vec * kN);
+      if (cols.owns(i)) {
+        cp_async_16(smem_u32(y_ring.slot(stage, i)), y + r + Cols::offset(i));
+        cp_async_16(smem_u32(dy_ring.slot(stage, i)), dy + r + Cols::offset(i));
       }
     }
   };
@@ -168,7 +170,7 @@ __global__ void __launch_bounds__(block_threads<kGroup>())
     float dot = 0.f;
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
-      if (slice.begin + lane + int64_t(i) * kGroup < slice.end) {
+      if (cols.owns(i)) {
         const Vec<T> yv = *y_ring.slot(stage, i), gv = *dy_ring.slot(stage, i);
 #pragma unroll
         for (int j = 0; j < kN; ++j) dot += to_f32(yv.v[j]) * to_f32(gv.v[j]);
@@ -176,15 +178,15 @@ __global__ void __launch_bounds__(block_threads<kGroup>())
     }
     dot = cluster_reduce<kSplit>(group_reduce<kGroup>(dot, slots[parity], Sum{}), cta_slots[parity], Sum{});
     parity ^= 1;
+    T* dxr = dx + row * p.cols;
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
-      const int64_t vec = slice.begin + lane + int64_t(i) * kGroup;
-      if (vec < slice.end) {
+      if (cols.owns(i)) {
         const Vec<T> yv = *y_ring.slot(stage, i), gv = *dy_ring.slot(stage, i);
         Vec<T> out;
 #pragma unroll
         for (int j = 0; j < kN; ++j) out.v[j] = from_f32<T>(to_f32(yv.v[j]) * (to_f32(gv.v[j]) - dot));
-        store_vec(dx + row * p.cols + vec * kN, out);
+        store_vec(dxr + Cols::offset(i), out);
       }
     }
     stage = stage + 1 == stages ? 0 : stage + 1;
