@@ -33,7 +33,9 @@ def _norm_plot(rows, meta, path):
       ax.set_title(f"{op} {mode}")
       ax.set_ylabel("GB/s")
       ax.legend(fontsize=7)
-  fig.suptitle(f"{meta['device']} - bf16 - {meta['date']}")
+  # Ops that name their dtype ("softmax float32") mix dtypes; the rest are bf16.
+  dtypes = "" if any(" " in op for op in ops) else " - bf16"
+  fig.suptitle(f"{meta['device']}{dtypes} - {meta['date']}")
   fig.tight_layout()
   fig.savefig(path, dpi=80)
   plt.close(fig)
