@@ -11,10 +11,10 @@ an independent dy: what the policy's backward choice decides); "fwd+bwd"
 (the backward from dy = y, y itself unused: XLA fuses the forward into its
 backward and never writes y, which no model that consumes y gets). GB/s from
 SoftmaxSpec's byte formulas (fwd: read x + write y = 2 passes; bwd: read y
-and dy, write dx = 3; fwd+bwd: 5) and % of the copy ceiling.
-JAXCRAFT_BENCH_SOFTMAX_MODES (comma-separated) runs only some modes. The "op" column carries the dtype so
-that the plot shows one row per dtype. These rows fill
-DEFAULT_IMPLEMENTATION in jaxcraft/ops/softmax.py.
+and dy, write dx = 3; fwd+bwd: 5) and % of the copy ceiling;
+JAXCRAFT_BENCH_SOFTMAX_MODES (comma-separated) runs only some modes. The
+"op" column carries the dtype so that the plot shows one row per dtype.
+These rows fill DEFAULT_IMPLEMENTATION in jaxcraft/ops/softmax.py.
 """
 
 from __future__ import annotations

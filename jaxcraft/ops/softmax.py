@@ -43,14 +43,14 @@ NO_MASK, SHARED_MASK, FULL_MASK = "none", "shared", "full"
 #         BLOCK_ROW_BYTES below), XLA beyond. Measured on the H100
 #         (`python bench/run.py --ops softmax`, kernel / jax.nn, us;
 #         bench/RESULTS.md, fourteenth session). Forward: [16k, 4k] bf16
-#         105 / 191, [16k, 32k] f32 1743 / 2848, [4k, 128k] bf16 946 / 1465,
-#         f32 1849 / 2830. Backward alone (dx from y and an independent dy):
-#         [16k, 4k] bf16 148 / 237, [16k, 8k] f32 565 / 891, [16k, 32k] f32
-#         2257 / 3500, [4k, 128k] bf16 1172 / 1743; f32 [4k, 128k] (512 KiB,
-#         streamed) 3543 / 3606, a tie, so XLA there. Where y is discarded
+#         106 / 191, [16k, 32k] f32 1777 / 2837, [4k, 128k] bf16 962 / 1486,
+#         f32 1867 / 2825. Backward alone (dx from y and an independent dy):
+#         [16k, 4k] bf16 149 / 239, [16k, 8k] f32 567 / 877, [16k, 32k] f32
+#         2252 / 3506, [4k, 128k] bf16 1176 / 1763; f32 [4k, 128k] (512 KiB,
+#         streamed) 3545 / 3493, a tie, so XLA there. Where y is discarded
 #         and dy = y, XLA fuses the pair and never writes y: its fwd+bwd is
-#         then 3-7% faster past 64 KiB rows ([4k, 128k] bf16 1828 vs 1967),
-#         a program no model runs (y feeds the next layer).
+#         then 1-16% faster past 64 KiB rows ([4k, 128k] bf16 1850 vs the
+#         policy's 2001), a program no model runs (y feeds the next layer).
 #   cpu:  XLA. Measured on a 2-core AVX2 machine shared with other jobs
 #         (kernel / XLA, ms): [1024, 4096] fwd 6.2 / 2.7 (f32), 7.5 / 4.1
 #         (bf16); fwd+bwd 7.7 / 3.6 (f32), 10.8 / 8.5 (bf16); [64, 50257]

@@ -127,7 +127,7 @@ __device__ __forceinline__ void stage_elem_tile(unsigned char* dst, const unsign
       const int n = min(16, valid_bytes - k);
       const bool ok = r < valid_rows && n > 0;
       cp_async_zfill(dst_sa + r * row_bytes + k, ok ? src + r * src_row_bytes + k : fallback,
-                       ok ? n : 0);
+                     ok ? n : 0);
     }
   } else {
     for (int i = tid; i < kRows * kCols; i += kThreads) {
