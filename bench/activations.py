@@ -7,8 +7,11 @@ Implementations (each op):
             implementation=None falls back to), jitted: XLA fuses it;
   jax.nn    the plain jax.nn expression in the input dtype, jitted (for
             bias_gelu the bias is cast to x's dtype first).
-Modes: "fwd", "fwd+bwd" (GB/s from ActivationSpec's byte formulas, % of the
-copy ceiling), and "mlp fwd": the op between two matmuls (x @ w_in -> act ->
+Modes: "fwd", "bwd" (the backward alone: dx, and bias_gelu's dbias, from the
+forward's saved x and an independent dy), "fwd+bwd" (dy = y, y itself
+unused: XLA recomputes the forward in its backward fusion and never writes
+y, which no model that consumes y gets) (GB/s from ActivationSpec's byte
+formulas, % of the copy ceiling), and "mlp fwd": the op between two matmuls (x @ w_in -> act ->
 @ w_out, d_model 1024) where XLA may fuse the activation into a matmul's
 epilogue or prologue and a custom call cannot; microseconds of the whole
 block, no GB/s. These rows fill DEFAULT_IMPLEMENTATION in
@@ -85,6 +88,25 @@ def _fwd_bwd_step(fn, spec: ActivationSpec):
   return step
 
 
+def _bwd_step(dy, vjp):
+  """dy -> the next dy through the forward's saved residuals (a vjp closure
+  is a pytree: it travels into the jitted chain as an argument). dx may not
+  be dy's shape (gated ops) and bias_gelu also returns dbias: one element of
+  each gradient goes into the next dy, after a barrier that makes them
+  materialize whole (as in _fwd_step)."""
+  grads = jax.lax.optimization_barrier(vjp(dy))
+  probe = sum(g.reshape(-1)[0].astype(F32) for g in grads)
+  return dy.at[0, 0].set(probe.astype(dy.dtype))
+
+
+def _vjp(fn, spec: ActivationSpec, x, b):
+  """The backward closure of fn at (x, b): over x and the bias for
+  bias_gelu, over x alone otherwise."""
+  if spec.op == "bias_gelu":
+    return jax.vjp(fn, x, b)[1]
+  return jax.vjp(lambda x: fn(x, b), x)[1]
+
+
 def _mlp_step(fn, w_in, w_out):
   return lambda x, b: (fn(x @ w_in, b) @ w_out).astype(x.dtype)
 
@@ -104,15 +126,18 @@ def run(bandwidth: float, specs=None):
     print(f"  {spec.op:10s} {spec.name:12s} {name:9s} {mode:8s} {row['us']:9.1f} us {rate}", flush=True)
 
   for spec in specs:
-    k = jax.random.split(jax.random.key(0), 4)
+    k = jax.random.split(jax.random.key(0), 5)
     x = jax.random.normal(k[0], (spec.rows, spec.in_cols), DTYPE)
     b = 0.1 * jax.random.normal(k[1], (spec.cols,), F32)
     w_in = (jax.random.normal(k[2], (D_MODEL, spec.in_cols), DTYPE) / D_MODEL ** 0.5).astype(DTYPE)
     w_out = (jax.random.normal(k[3], (spec.cols, D_MODEL), DTYPE) / spec.cols ** 0.5).astype(DTYPE)
+    dy = jax.random.normal(k[4], (spec.rows, spec.cols), DTYPE)
     x_mlp = x[:, :D_MODEL] if spec.in_cols >= D_MODEL else jnp.tile(x, (1, D_MODEL // spec.in_cols + 1))[:, :D_MODEL]
     for name, (fn, custom_call) in _impls(spec.op).items():
       cases = [("fwd", lambda: time_step(_fwd_step(fn, spec), x, b, custom_call=custom_call),
                 spec.fwd_bytes(2)),
+               ("bwd", lambda: time_step(_bwd_step, dy, _vjp(fn, spec, x, b), custom_call=custom_call),
+                spec.bwd_bytes(2)),
                ("fwd+bwd", lambda: time_step(_fwd_bwd_step(fn, spec), (x, b) if spec.op == "bias_gelu" else x,
                                              *(() if spec.op == "bias_gelu" else (b,)),
                                              custom_call=custom_call),

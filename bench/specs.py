@@ -60,11 +60,14 @@ class ActivationSpec:
     """Read x, write y (bias_gelu: plus the bias)."""
     return self.rows * (self.in_cols + self.cols) * itemsize + self._bias_bytes()
 
+  def bwd_bytes(self, itemsize: int) -> int:
+    """The backward: read x and dy, write dx (bias_gelu: plus the bias read
+    and its gradient written)."""
+    return self.rows * (2 * self.in_cols + self.cols) * itemsize + 2 * self._bias_bytes()
+
   def fwd_bwd_bytes(self, itemsize: int) -> int:
-    """Forward, plus the backward: read x and dy, write dx (bias_gelu: plus
-    the bias read and its gradient written)."""
-    bwd = self.rows * (2 * self.in_cols + self.cols) * itemsize + 2 * self._bias_bytes()
-    return self.fwd_bytes(itemsize) + bwd
+    """Forward, plus the backward."""
+    return self.fwd_bytes(itemsize) + self.bwd_bytes(itemsize)
 
 
 ACTIVATION_SPECS = ([ActivationSpec(op, 16384, c) for op in ("gelu", "bias_gelu") for c in (4096, 14336)]
