@@ -4,7 +4,8 @@
 #   bash bench/gpu_check.sh [ops=norm] [stages=build,test,sanitize,bench]
 #   (more stages: standalone (attention), profile (ncu, attention backward),
 #   sanitize_standalone, standalone_activations, standalone_embedding, standalone_softmax,
-#   standalone_decode)
+#   standalone_decode, profile_decode (ncu: jaxcraft's and cuDNN's decode kernels),
+#   profile_softmax (ncu: the bf16 [16k, 4096] softmax forward, per-instruction stalls))
 # PYTEST_ARGS selects test files (default: all), PYTEST_K a -k expression;
 # STANDALONE_PORTABLE=0 skips the portable kernels' timings in `standalone`;
 # STAGE_TIMEOUT bounds each stage so
@@ -90,6 +91,28 @@ if stage standalone_decode; then
   for tool in memcheck racecheck synccheck; do
     step "decode_sanitize_$tool" compute-sanitizer --tool "$tool" --error-exitcode 1 /tmp/decode_test.bin
   done
+fi
+if stage profile_decode; then
+  # Nsight Compute on one decode call of jaxcraft and one of cuDNN per shape
+  # (PROFILE_DECODE_SHAPES), side by side: where cuDNN's 4-8% comes from.
+  step profile_decode ncu --profile-from-start off --set full -f -o /tmp/decode_profile \
+    python3 bench/profile_decode.py
+  ncu --import /tmp/decode_profile.ncu-rep --page details > "$OUT/decode_profile_details.txt" 2>&1
+fi
+if stage profile_softmax; then
+  # Nsight Compute on the bf16 [16k, 4096] softmax forward of the standalone
+  # test (its first timed shape): the details page and per-instruction stall
+  # samples (SASS with source lines).
+  step softmax_profile_build nvcc -std=c++17 -O3 --expt-relaxed-constexpr -lineinfo -Icpp \
+    -gencode=arch=compute_90a,code=sm_90a cpp/kernels/softmax/standalone_test.cu \
+    cpp/kernels/softmax/launch_softmax.cu -o /tmp/softmax_profile.bin
+  step profile_softmax ncu --kernel-name-base mangled --kernel-name regex:softmax_fwd_rows_kernel \
+    --launch-skip 2 --launch-count 1 --set full --import-source yes -f -o /tmp/softmax_profile \
+    /tmp/softmax_profile.bin --timing-only
+  ncu --import /tmp/softmax_profile.ncu-rep --page details > "$OUT/softmax_profile_details.txt" 2>&1
+  ncu --import /tmp/softmax_profile.ncu-rep --page source --csv --print-source sass \
+    > "$OUT/softmax_profile_sass.csv" 2>&1
+  gzip -f "$OUT/softmax_profile_sass.csv"
 fi
 if stage test; then
   # CI runs the CPU kernels' tests; here the CUDA ones (and the platform-free tests).

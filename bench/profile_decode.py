@@ -1,0 +1,39 @@
+"""Decode under Nsight Compute (`bench/gpu_check.sh decode profile_decode`):
+one call each of jaxcraft's kernels and cuDNN's per benchmark shape, between
+cuProfilerStart and cuProfilerStop, after a warm-up call, so that compilation
+and autotuning stay outside the profile. Run under
+`ncu --profile-from-start off`. PROFILE_DECODE_SHAPES="256 x 1k,1 x 128k"
+picks shapes (DecodeSpec names; default: all of DECODE_SPECS).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import jax
+
+import decode
+
+IMPLS = ("jaxcraft", "cudnn")
+
+
+def main():
+  cuda = ctypes.CDLL("libcuda.so.1")  # the driver API: present wherever the GPU is
+  wanted = [s for s in os.environ.get("PROFILE_DECODE_SHAPES", "").split(",") if s]
+  for spec in decode.DECODE_SPECS:
+    if wanted and spec.name not in wanted:
+      continue
+    q, dense, _ = decode._inputs(spec)
+    impls = decode._impls(spec)
+    for name in IMPLS:
+      fn = jax.jit(impls[name][0])
+      jax.block_until_ready(fn(q, *dense))
+      cuda.cuProfilerStart()
+      jax.block_until_ready(fn(q, *dense))
+      cuda.cuProfilerStop()
+      print(f"profiled {name} {spec.name}", flush=True)
+
+
+if __name__ == "__main__":
+  main()
