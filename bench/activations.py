@@ -7,14 +7,14 @@ Implementations (each op):
             implementation=None falls back to), jitted: XLA fuses it;
   jax.nn    the plain jax.nn expression in the input dtype, jitted (for
             bias_gelu the bias is cast to x's dtype first).
-Modes: "fwd", "bwd" (the backward alone: dx, and bias_gelu's dbias, from the
-forward's saved x and an independent dy), "fwd+bwd" (dy = y, y itself
+Modes (GB/s from ActivationSpec's byte formulas, % of the copy ceiling):
+"fwd"; "bwd", the backward alone (dx, and bias_gelu's dbias, from the
+forward's saved x and an independent dy); "fwd+bwd" (dy = y, y itself
 unused: XLA recomputes the forward in its backward fusion and never writes
-y, which no model that consumes y gets) (GB/s from ActivationSpec's byte
-formulas, % of the copy ceiling), and "mlp fwd": the op between two matmuls (x @ w_in -> act ->
-@ w_out, d_model 1024) where XLA may fuse the activation into a matmul's
-epilogue or prologue and a custom call cannot; microseconds of the whole
-block, no GB/s. These rows fill DEFAULT_IMPLEMENTATION in
+y, which no model that consumes y gets); and "mlp fwd": the op between two
+matmuls (x @ w_in -> act -> @ w_out, d_model 1024) where XLA may fuse the
+activation into a matmul's epilogue or prologue and a custom call cannot;
+microseconds of the whole block, no GB/s. These rows fill DEFAULT_IMPLEMENTATION in
 jaxcraft/ops/activations.py.
 """
 
