@@ -2,6 +2,8 @@
 (bench/attention.py's step), jaxcraft beside cuDNN, from the JAX profiler's trace.
 
   python bench/attention_profile.py D64S4096c D128S2048 ... [--trace-dir DIR] [--mode fwd]
+  ncu --profile-from-start off ... python bench/attention_profile.py D64S512c --ncu
+    (one step of each between cuProfilerStart/Stop, for Nsight Compute, instead of the trace)
 
 A row name is D<head dim>S<seqlen>, with a trailing c for causal (16k tokens, as in the
 sweep)."""
@@ -16,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 import attention
-from kernel_trace import print_kernel_times, trace_kernels
+from kernel_trace import print_kernel_times, profile_once, trace_kernels
 from specs import AttentionSpec
 
 
@@ -33,6 +35,7 @@ def main():
   parser.add_argument("rows", nargs="+")
   parser.add_argument("--mode", choices=("fwd", "fwd+bwd"), default="fwd+bwd")
   parser.add_argument("--trace-dir", default=None)
+  parser.add_argument("--ncu", action="store_true")
   args = parser.parse_args()
   trace_dir = args.trace_dir or tempfile.mkdtemp(prefix="attn_trace_")
   for row in args.rows:
@@ -45,6 +48,9 @@ def main():
         continue
       step = jax.jit((attention._fwd_bwd if args.mode == "fwd+bwd" else attention._fwd)(fn))
       jax.block_until_ready(step(q, k, v))  # compile + warm up
+      if args.ncu:
+        profile_once(lambda: jax.block_until_ready(step(q, k, v)))
+        continue
       rows, span, gaps = trace_kernels(lambda: jax.block_until_ready(step(q, k, v)),
                                        f"{trace_dir}/{row}_{name}")
       print_kernel_times(f"{spec.name} {name} {args.mode}", rows, span, gaps, top=12)

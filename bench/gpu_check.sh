@@ -5,7 +5,9 @@
 #   (more stages: standalone (attention), profile (ncu, attention backward),
 #   sanitize_standalone, standalone_activations, standalone_embedding, standalone_softmax,
 #   standalone_decode, profile_decode (ncu: jaxcraft's and cuDNN's decode kernels),
-#   profile_softmax (ncu: the bf16 [16k, 4096] softmax forward, per-instruction stalls))
+#   profile_softmax (ncu: the bf16 [16k, 4096] softmax forward, per-instruction stalls),
+#   profile_attention (ncu: jaxcraft's and cuDNN's attention kernels on the rows
+#   PROFILE_ATTENTION_ROWS, mode PROFILE_ATTENTION_MODE))
 # PYTEST_ARGS selects test files (default: all), PYTEST_K a -k expression;
 # STANDALONE_PORTABLE=0 skips the portable kernels' timings in `standalone`;
 # STAGE_TIMEOUT bounds each stage so
@@ -98,6 +100,14 @@ if stage profile_decode; then
   step profile_decode ncu --profile-from-start off --set full -f -o /tmp/decode_profile \
     python3 bench/profile_decode.py
   ncu --import /tmp/decode_profile.ncu-rep --page details > "$OUT/decode_profile_details.txt" 2>&1
+fi
+if stage profile_attention; then
+  # Nsight Compute on one jitted attention step of jaxcraft and of cuDNN per row:
+  # launch shapes, occupancy, throughputs, stalls side by side.
+  step profile_attention ncu --profile-from-start off --set full -f -o /tmp/attention_profile \
+    python3 bench/attention_profile.py ${PROFILE_ATTENTION_ROWS:-D64S512c} \
+    --mode "${PROFILE_ATTENTION_MODE:-fwd}" --ncu
+  ncu --import /tmp/attention_profile.ncu-rep --page details > "$OUT/attention_profile_details.txt" 2>&1
 fi
 if stage profile_softmax; then
   # Nsight Compute on the bf16 [16k, 4096] softmax forward of the standalone

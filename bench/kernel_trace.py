@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import collections
+import ctypes
 import glob
 import gzip
 import json
 import os
 
 import jax
+
+
+def profile_once(run_once):
+  """One call of `run_once` between cuProfilerStart and cuProfilerStop, for Nsight Compute
+  under `ncu --profile-from-start off` (warm it up first, so that compilation and
+  autotuning stay outside the profile)."""
+  cuda = ctypes.CDLL("libcuda.so.1")  # the driver API: present wherever the GPU is
+  cuda.cuProfilerStart()
+  run_once()
+  cuda.cuProfilerStop()
 
 
 def trace_kernels(run_once, trace_dir: str, steps: int = 3):

@@ -8,18 +8,17 @@ picks shapes (DecodeSpec names; default: all of DECODE_SPECS).
 
 from __future__ import annotations
 
-import ctypes
 import os
 
 import jax
 
 import decode
+from kernel_trace import profile_once
 
 IMPLS = ("jaxcraft", "cudnn")
 
 
 def main():
-  cuda = ctypes.CDLL("libcuda.so.1")  # the driver API: present wherever the GPU is
   wanted = [s for s in os.environ.get("PROFILE_DECODE_SHAPES", "").split(",") if s]
   for spec in decode.DECODE_SPECS:
     if wanted and spec.name not in wanted:
@@ -29,9 +28,7 @@ def main():
     for name in IMPLS:
       fn = jax.jit(impls[name][0])
       jax.block_until_ready(fn(q, *dense))
-      cuda.cuProfilerStart()
-      jax.block_until_ready(fn(q, *dense))
-      cuda.cuProfilerStop()
+      profile_once(lambda: jax.block_until_ready(fn(q, *dense)))
       print(f"profiled {name} {spec.name}", flush=True)
 
 
