@@ -182,6 +182,15 @@ def test_window_and_soft_cap(platform, window, soft_cap):
   _check(platform, q, kp, vp, lengths, block_tables=tables, **kw)
 
 
+@pytest.mark.parametrize("scale", [-0.3, 0.0], ids=str)
+def test_non_positive_scale(platform, scale):
+  """A scale <= 0 cannot ride in the softmax's exponent (the kernels scale
+  the logits first): the row max of the scaled logits is another key's."""
+  q, k, v = _inputs(4, 2, 300, 8, 2, 64, jnp.bfloat16, seed=7)
+  lengths = _lengths(4, 300, seed=7)
+  _check(platform, q, k, v, lengths, scale=scale)
+
+
 # --------------------------------------------------------------- semantics
 @pytest.mark.parametrize("window", [None, 6])
 def test_matches_bottom_right_causal_attention(platform, window):

@@ -1,11 +1,7 @@
 // Device code shared by the decode kernels: the launch-time arguments, the
-// paged-cache addressing, the per-row masks, and sm_80 PTX wrappers
-// (ldmatrix, mma.sync m16n8k16; cp.async: common/cp_async.cuh).
-//
-// mma.m16n8k16 fragments (PTX ISA), lane = 4 * g + t, g in [0, 8), t in [0, 4):
-//   A (16x16 rows x k): a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..), a3 = (g+8, 2t+8..)
-//   B (16x8  k x cols): b0 = (k 2t..2t+1, col g), b1 = (k 2t+8..2t+9, col g)
-//   C (16x8):           c0, c1 = (g, 2t..2t+1), c2, c3 = (g+8, 2t..2t+1)
+// paged-cache addressing, the per-row masks, the logits, conversions
+// (cp.async: common/cp_async.cuh; the tensor-core wrappers the split kernel
+// uses are the attention kernels', attention/mma_sm80.cuh).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -123,11 +119,16 @@ __device__ __forceinline__ int64_t partial_row(const DecodeArgs& a, int split, i
   return ((static_cast<int64_t>(split) * a.p.batch + b) * a.p.seqlen_q + t) * a.p.num_heads + n;
 }
 
-// Logit (natural units) -> the log2-domain value the softmax uses.
-__device__ __forceinline__ float scaled_logit(const DecodeParams& p, float dot) {
+// The logit of a query-key dot product, in natural units: scale, then the soft cap.
+__device__ __forceinline__ float logit(const DecodeParams& p, float dot) {
   float x = dot * p.scale;
   if (p.soft_cap > 0.f) x = p.soft_cap * tanhf(x / p.soft_cap);
-  return x * kLog2e;
+  return x;
+}
+
+// The logit in the log2 units the softmax uses.
+__device__ __forceinline__ float scaled_logit(const DecodeParams& p, float dot) {
+  return logit(p, dot) * kLog2e;
 }
 
 // ---------------------------------------------------------------- conversions
@@ -154,49 +155,6 @@ __device__ __forceinline__ void store4(T* dst, float4 v) {
     out.x[2] = from_f32<T>(v.z);
     out.x[3] = from_f32<T>(v.w);
     *reinterpret_cast<Four*>(dst) = out;
-  }
-}
-
-// ---------------------------------------------------------------- sm_80 PTX
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// c += a * b for one 16x8x16 tile, 16-bit inputs, float32 accumulators.
-template <typename T>
-__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                          uint32_t b1) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
-// Two float32 values as one register of two 16-bit elements (lo in the low half).
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  } else {
-    const __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
   }
 }
 

@@ -5,11 +5,20 @@
 // zero rows, so every K/V tile is read once for the whole group. K/V tiles
 // of kBlockN keys stream through a kStages-deep cp.async ring; each of the
 // four warps owns 16 keys of every tile and keeps its own online softmax:
-//   S = Q K^T           (m16n8k16, Q from shared memory, 2 n-tiles of 8 keys)
-//   mask, scale, soft cap; row max over the warp's keys; P = exp2(S - max)
-//   O = O * correction + P V   (P re-used from S's registers as the A operand)
+//   S = Q K^T           (m16n8k16, Q in registers up to D128, 2 n-tiles of 8 keys)
+//   the per-key mask, only on tiles at the span's edges (or with a bad page)
+//   P = exp2(S * scale - max), O rescaled only when the max grows
+//       (attention/softmax.cuh, the portable attention kernels' softmax)
+//   O += P V            (P re-used from S's registers as the A operand)
 // The four warps' states are merged once at the end (epilogue.cuh).
+// Every instruction in the tile loop delays the next tile's loads (two warps
+// per scheduler): Nsight Compute showed the kernel issuing 3x the
+// instructions of cuDNN's decode kernel at the same grid and occupancy.
 #pragma once
+#include <type_traits>
+
+#include "kernels/attention/mma_sm80.cuh"
+#include "kernels/attention/softmax.cuh"
 #include "kernels/decode/device.cuh"
 #include "kernels/decode/epilogue.cuh"
 
@@ -55,15 +64,23 @@ template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(MmaConfig<T, kHeadDim>::kThreads, 1)
     decode_split_mma_kernel(const __grid_constant__ DecodeArgs a) {
   using Cfg = MmaConfig<T, kHeadDim>;
+  constexpr DType kDt = std::is_same_v<T, __nv_bfloat16> ? DType::kBF16 : DType::kF16;
   constexpr int kStages = Cfg::kStages, kBlockN = Cfg::kBlockN, kRows = Cfg::kRows;
   constexpr int kElemsPerChunk = kCpAsyncBytes / int(sizeof(T));
   constexpr int kDimTiles = kHeadDim / 8;  // n8 tiles of the output
+  constexpr int kDimSteps = kHeadDim / 16;  // k16 steps of Q K^T, k16 column pairs of P V
   extern __shared__ __align__(128) unsigned char smem[];
   T* s_k = reinterpret_cast<T*>(smem);
   T* s_v = s_k + kStages * Cfg::kTileElems;
   T* s_q = s_v + kStages * Cfg::kTileElems;
   uint8_t* s_ok = reinterpret_cast<uint8_t*>(s_q + kRows * kHeadDim);  // key's page is valid
   __shared__ typename Cfg::Epi::Stats stats;
+  // Per stage: the index of the last tile loaded into it that named a page
+  // outside the cache for a key inside the sequence (only then does a tile
+  // away from the span's edges need the per-key mask). Tile indices never
+  // repeat within a CTA, so no reset is needed; a stale or uninitialized
+  // match only sends a tile down the masked path, which is always correct.
+  __shared__ int s_bad_tile[kStages];
 
   const DecodeParams& p = a.p;
   // Row chunks vary fastest: the CTAs that read the same K/V run together
@@ -89,7 +106,8 @@ __global__ void __launch_bounds__(MmaConfig<T, kHeadDim>::kThreads, 1)
 
   const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
 
-  // Q rows of this chunk (zeros past the group or past head_dim).
+  // Q rows of this chunk (zeros past the group or past head_dim): their own
+  // commit group, read into registers before the first tile.
   const int group_rows = static_cast<int>(p.seqlen_q * a.group.divisor);
   for (int i = tid; i < kRows * Cfg::kChunks; i += Cfg::kThreads) {
     const int r = i / Cfg::kChunks, c = i % Cfg::kChunks;
@@ -97,31 +115,56 @@ __global__ void __launch_bounds__(MmaConfig<T, kHeadDim>::kThreads, 1)
     const T* src = ok ? q + q_offset(a, b, kh, row0 + r) + c * kElemsPerChunk : q;
     cp_async_16(smem_u32(s_q + Cfg::swizzle(r, c)), src, ok);
   }
+  cp_async_commit();
+  if (tid < kStages) s_bad_tile[tid] = -1;
+  __syncthreads();  // the tags are set before any loader may write one
 
-  // Loader: thread tid copies chunk ld_chunk of tile rows ld_row + i * kRowsPerPass.
-  // Page entries are read one tile ahead (pages[]) so their latency overlaps the math.
+  // Loader: thread tid copies chunk ld_chunk of tile rows ld_row + i * kRowsPerPass
+  // (columns past head_dim and keys outside the cache are zero-filled). A
+  // paged cache's page entries are read one tile ahead (pages[]) so that the
+  // table loads' latency overlaps the math.
   const int ld_chunk = tid % Cfg::kChunks, ld_row = tid / Cfg::kChunks;
+  const bool chunk_ok = ld_chunk * kElemsPerChunk < head_dim;
+  const int seq_row0 = b * static_cast<int>(p.page_size);  // contiguous: sequence b's first row
+  const int64_t pass_elems = Cfg::kRowsPerPass * kv_row_elems;
   int pages[Cfg::kLoadsPerThread];
   auto lookup = [&](int tile) {
+    if (!p.paged) return;
 #pragma unroll
     for (int i = 0; i < Cfg::kLoadsPerThread; ++i) {
       const int j = tile * kBlockN + ld_row + i * Cfg::kRowsPerPass;
       pages[i] = j < span.length ? page_of(a, b, j) : -1;
     }
   };
+  // One 16-byte chunk of tile row r for K and V, `off` elements into the
+  // cache; zeros unless the row is in the cache and the chunk inside head_dim.
+  auto copy = [&](int stage, int r, int64_t off, bool row_ok) {
+    const bool ok = row_ok && chunk_ok;
+    const int dst = stage * Cfg::kTileElems + Cfg::swizzle(r, ld_chunk);
+    cp_async_16(smem_u32(s_k + dst), ok ? k + off : k, ok);
+    cp_async_16(smem_u32(s_v + dst), ok ? v + off : v, ok);
+    if (ld_chunk == 0) s_ok[stage * kBlockN + r] = row_ok;
+  };
   auto issue = [&](int tile, int stage) {
+    const int j0 = tile * kBlockN + ld_row;
+    if (!p.paged) {  // the thread's rows are kRowsPerPass apart in sequence b's rows
+      const int64_t off0 = static_cast<int64_t>(seq_row0 + j0) * kv_row_elems + ld_chunk * kElemsPerChunk;
+#pragma unroll
+      for (int i = 0; i < Cfg::kLoadsPerThread; ++i)
+        copy(stage, ld_row + i * Cfg::kRowsPerPass, off0 + i * pass_elems,
+             j0 + i * Cfg::kRowsPerPass < span.length);
+      return;
+    }
+    bool bad = false;
 #pragma unroll
     for (int i = 0; i < Cfg::kLoadsPerThread; ++i) {
-      const int r = ld_row + i * Cfg::kRowsPerPass;
-      const int j = tile * kBlockN + r;
-      const int row = j < span.length ? cache_row(a, pages[i], j) : -1;
-      const bool ok = row >= 0 && ld_chunk * kElemsPerChunk < head_dim;
-      const int64_t off = static_cast<int64_t>(row) * kv_row_elems + ld_chunk * kElemsPerChunk;
-      const int dst = stage * Cfg::kTileElems + Cfg::swizzle(r, ld_chunk);
-      cp_async_16(smem_u32(s_k + dst), ok ? k + off : k, ok);
-      cp_async_16(smem_u32(s_v + dst), ok ? v + off : v, ok);
-      if (ld_chunk == 0) s_ok[stage * kBlockN + r] = row >= 0;
+      const int j = j0 + i * Cfg::kRowsPerPass;
+      const int row = cache_row(a, pages[i], j);
+      bad |= row < 0 && j < span.length;
+      copy(stage, ld_row + i * Cfg::kRowsPerPass,
+           static_cast<int64_t>(row) * kv_row_elems + ld_chunk * kElemsPerChunk, row >= 0);
     }
+    if (bad) s_bad_tile[stage] = tile;  // every writer writes the same value
   };
 
   if (num_tiles > 0) lookup(tile_begin);
@@ -131,17 +174,48 @@ __global__ void __launch_bounds__(MmaConfig<T, kHeadDim>::kThreads, 1)
       issue(tile_begin + s, s);
       if (s + 1 < num_tiles) lookup(tile_begin + s + 1);
     }
-    cp_async_commit();  // always: the wait below counts groups
+    cp_async_commit();  // always: the waits below count groups
+  }
+
+  // ldmatrix.x4 address roles: lane supplies row (lane % 8) of matrix lane / 8.
+  const int mat = lane / 8, mat_row = lane % 8;
+  cp_async_wait<kStages - 1>();  // the Q group
+  __syncthreads();
+  // Q's A fragments stay in registers, except at D256 where the O
+  // accumulator alone takes 128 registers per thread (keeping Q too spilled):
+  // there each k16 step re-reads its fragment from shared memory.
+  constexpr bool kQInRegs = kHeadDim <= 128;
+  auto load_q = [&](uint32_t(&f)[4], int ks) {
+    attn::ldmatrix_x4(f, smem_u32(s_q + Cfg::swizzle((mat % 2) * 8 + mat_row, ks * 2 + mat / 2)));
+  };
+  uint32_t qa[kQInRegs ? kDimSteps : 1][4];
+  if constexpr (kQInRegs) {
+#pragma unroll
+    for (int ks = 0; ks < kDimSteps; ++ks) load_q(qa[ks], ks);
   }
 
   // This lane's two rows (g and g + 8 of the m16 tile) and their key windows.
   const int g = lane / 4, tig = lane % 4;
   const RowWindow windows[2] = {row_window(a, span, row0 + g), row_window(a, span, row0 + g + 8)};
-  float o[kDimTiles][4] = {};
-  float row_max[2] = {kNegInf, kNegInf};
-  float row_sum[2] = {0.f, 0.f};
-  // ldmatrix.x4 address roles: lane supplies row (lane % 8) of matrix lane / 8.
-  const int mat = lane / 8, mat_row = lane % 8;
+  // Keys [lo_max, hi_min] are visible to every row of the chunk: a tile inside
+  // them needs no per-key mask. Rows are t * G + head; the chunk's first row
+  // has the smallest t (the lowest hi), its last row the largest (the highest lo).
+  const int t_first = static_cast<int>(a.group.div(static_cast<uint32_t>(row0)));
+  const int t_last =
+      static_cast<int>(a.group.div(static_cast<uint32_t>(min(row0 + kRows, group_rows) - 1)));
+  const int hi_min = span.length - static_cast<int>(p.seqlen_q) + t_first;
+  const int lo_max = p.window_left >= 0
+                         ? span.length - static_cast<int>(p.seqlen_q) + t_last -
+                               static_cast<int>(p.window_left)
+                         : 0;
+  // The softmax scales inside its exponent (one FFMA per score) unless the
+  // logits need more than a positive factor: a soft cap, or a scale <= 0.
+  const bool prescale = p.soft_cap > 0.f || p.scale <= 0.f;
+  const float softmax_scale = prescale ? kLog2e : p.scale * kLog2e;
+
+  float o[1][kDimTiles][4] = {};
+  float row_max[1][2] = {{kNegInf, kNegInf}};
+  float row_sum[1][2] = {{0.f, 0.f}};
   const int key0 = warp * Cfg::kKeysPerWarp;
 
   for (int n = 0; n < num_tiles; ++n) {
@@ -159,82 +233,55 @@ __global__ void __launch_bounds__(MmaConfig<T, kHeadDim>::kThreads, 1)
     const T* sv = s_v + stage * Cfg::kTileElems;
 
     // S = Q K^T for the warp's 16 keys: two n8 tiles.
-    float s[2][4] = {};
+    float s[1][2][4] = {};
 #pragma unroll
-    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-      if (ks * 16 >= head_dim) break;  // padded head dims are zeros
-      uint32_t qa[4], kb[4];
-      ldmatrix_x4(qa, smem_u32(s_q + Cfg::swizzle((mat % 2) * 8 + mat_row, ks * 2 + mat / 2)));
-      ldmatrix_x4(kb, smem_u32(sk + Cfg::swizzle(key0 + (mat / 2) * 8 + mat_row, ks * 2 + mat % 2)));
-      mma_16816<T>(s[0], qa, kb[0], kb[1]);
-      mma_16816<T>(s[1], qa, kb[2], kb[3]);
+    for (int ks = 0; ks < kDimSteps; ++ks) {
+      if constexpr (!kQInRegs) load_q(qa[0], ks);
+      const uint32_t(&qf)[4] = qa[kQInRegs ? ks : 0];
+      uint32_t kb[4];
+      attn::ldmatrix_x4(kb, smem_u32(sk + Cfg::swizzle(key0 + (mat / 2) * 8 + mat_row, ks * 2 + mat % 2)));
+      attn::mma_16816<kDt>(s[0][0], qf, kb[0], kb[1]);
+      attn::mma_16816<kDt>(s[0][1], qf, kb[2], kb[3]);
     }
 
-    // Mask, scale (log2 units), and the row max over the warp's keys.
+    if (prescale) {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[0][nt][e] = logit(p, s[0][nt][e]);
+    }
     const int tile_key0 = (tile_begin + n) * kBlockN;
-    float tile_max[2] = {kNegInf, kNegInf};
+    const bool edge = tile_key0 < lo_max || tile_key0 + kBlockN - 1 > hi_min ||
+                      s_bad_tile[stage] == tile_begin + n;
+    if (edge) {
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
+      for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = key0 + nt * 8 + tig * 2 + e % 2;
-        const int j = tile_key0 + key;
-        const RowWindow& w = windows[e / 2];
-        const bool visible = s_ok[stage * kBlockN + key] && j >= w.lo && j <= w.hi;
-        s[nt][e] = visible ? scaled_logit(p, s[nt][e]) : kNegInf;
-        tile_max[e / 2] = fmaxf(tile_max[e / 2], s[nt][e]);
+        for (int e = 0; e < 4; ++e) {
+          const int key = key0 + nt * 8 + tig * 2 + e % 2;
+          const int j = tile_key0 + key;
+          const RowWindow& w = windows[e / 2];
+          const bool visible = s_ok[stage * kBlockN + key] && j >= w.lo && j <= w.hi;
+          if (!visible) s[0][nt][e] = kNegInf;
+        }
       }
     }
-    float correction[2], base[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
-      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
-      const float new_max = fmaxf(row_max[i], tile_max[i]);
-      // A row with no visible key yet keeps max -inf; subtract 0 instead so
-      // exp2 gives 0, not NaN.
-      base[i] = new_max == kNegInf ? 0.f : new_max;
-      correction[i] = exp2f(row_max[i] - base[i]);
-      row_max[i] = new_max;
-    }
-    float tile_sum[2] = {0.f, 0.f};
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[nt][e] = exp2f(s[nt][e] - base[e / 2]);
-        tile_sum[e / 2] += s[nt][e];
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) row_sum[i] = row_sum[i] * correction[i] + tile_sum[i];
-#pragma unroll
-    for (int dt = 0; dt < kDimTiles; ++dt) {
-      o[dt][0] *= correction[0];
-      o[dt][1] *= correction[0];
-      o[dt][2] *= correction[1];
-      o[dt][3] *= correction[1];
-    }
+    attn::online_softmax(s, o, row_max, row_sum, softmax_scale);
 
     // O += P V: the S accumulators of the two n8 tiles are P's A fragment.
-    const uint32_t pa[4] = {pack2<T>(s[0][0], s[0][1]), pack2<T>(s[0][2], s[0][3]),
-                            pack2<T>(s[1][0], s[1][1]), pack2<T>(s[1][2], s[1][3])};
+    uint32_t pa[4];
+    attn::acc_to_a<kDt>(pa, s[0][0], s[0][1]);
 #pragma unroll
-    for (int dp = 0; dp < kHeadDim / 16; ++dp) {
-      if (dp * 16 >= head_dim) break;
+    for (int dp = 0; dp < kDimSteps; ++dp) {
       uint32_t vb[4];
-      ldmatrix_x4_trans(vb, smem_u32(sv + Cfg::swizzle(key0 + (mat % 2) * 8 + mat_row, dp * 2 + mat / 2)));
-      mma_16816<T>(o[2 * dp], pa, vb[0], vb[1]);
-      mma_16816<T>(o[2 * dp + 1], pa, vb[2], vb[3]);
+      attn::ldmatrix_x4_trans(vb, smem_u32(sv + Cfg::swizzle(key0 + (mat % 2) * 8 + mat_row, dp * 2 + mat / 2)));
+      attn::mma_16816<kDt>(o[0][2 * dp], pa, vb[0], vb[1]);
+      attn::mma_16816<kDt>(o[0][2 * dp + 1], pa, vb[2], vb[3]);
     }
   }
 
   // Each lane summed its own columns: total the quad's.
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    row_sum[i] += __shfl_xor_sync(0xffffffffu, row_sum[i], 1);
-    row_sum[i] += __shfl_xor_sync(0xffffffffu, row_sum[i], 2);
-  }
+  const float sums[2] = {attn::quad_sum(row_sum[0][0]), attn::quad_sum(row_sum[0][1])};
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the K/V ring: the epilogue reuses it
   float* s_o = reinterpret_cast<float*>(smem);
@@ -243,14 +290,14 @@ __global__ void __launch_bounds__(MmaConfig<T, kHeadDim>::kThreads, 1)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       float* dst = Cfg::Epi::o_slot(s_o, warp, g + 8 * half) + dt * 8 + tig * 2;
-      *reinterpret_cast<float2*>(dst) = make_float2(o[dt][2 * half], o[dt][2 * half + 1]);
+      *reinterpret_cast<float2*>(dst) = make_float2(o[0][dt][2 * half], o[0][dt][2 * half + 1]);
     }
   }
   if (tig == 0) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      stats.max[warp * kRows + g + 8 * half] = row_max[half];
-      stats.sum[warp * kRows + g + 8 * half] = row_sum[half];
+      stats.max[warp * kRows + g + 8 * half] = row_max[0][half];
+      stats.sum[warp * kRows + g + 8 * half] = sums[half];
     }
   }
   Cfg::Epi::run(a, b, kh, split, row0, s_o, stats);
