@@ -78,8 +78,7 @@ __global__ void __launch_bounds__(MmaConfig<T, kHeadDim>::kThreads, 1)
   // Per stage: the index of the last tile loaded into it that named a page
   // outside the cache for a key inside the sequence (only then does a tile
   // away from the span's edges need the per-key mask). Tile indices never
-  // repeat within a CTA, so no reset is needed; a stale or uninitialized
-  // match only sends a tile down the masked path, which is always correct.
+  // repeat within a CTA, so the tags need no reset after the first (-1).
   __shared__ int s_bad_tile[kStages];
 
   const DecodeParams& p = a.p;
