@@ -6,7 +6,9 @@ Implementations (each op):
   xla       jaxcraft's reference (implementation="xla": float32 math, what
             implementation=None falls back to), jitted: XLA fuses it;
   jax.nn    the plain jax.nn expression in the input dtype, jitted (for
-            bias_gelu the bias is cast to x's dtype first).
+            bias_gelu the bias is cast to x's dtype first);
+  xla+kbwd  xla's forward with the kernel's backward (a per-pass policy's
+            other mix).
 Modes (GB/s from ActivationSpec's byte formulas, % of the copy ceiling):
 "fwd"; "bwd", the backward alone (dx, and bias_gelu's dbias, from the
 forward's saved x and an independent dy); "fwd+bwd" (dy = y, y itself
@@ -14,7 +16,10 @@ unused: XLA recomputes the forward in its backward fusion and never writes
 y, which no model that consumes y gets); and "mlp fwd": the op between two
 matmuls (x @ w_in -> act -> @ w_out, d_model 1024) where XLA may fuse the
 activation into a matmul's epilogue or prologue and a custom call cannot;
-microseconds of the whole block, no GB/s. These rows fill DEFAULT_IMPLEMENTATION in
+microseconds of the whole block, no GB/s; and "mlp fwd+bwd": that block's
+training step (the gradients of x, both weights and the bias for an
+independent output cotangent), where XLA may fuse the activation's backward
+into the backward matmuls. These rows fill DEFAULT_IMPLEMENTATION in
 jaxcraft/ops/activations.py.
 """
 
@@ -54,7 +59,25 @@ def _impls(op: str):
       "swiglu": lambda x, b: (lambda a, g: jax.nn.silu(a) * g)(*halves(x)),
       "geglu": lambda x, b: (lambda a, g: jax.nn.gelu(a) * g)(*halves(x)),
   }[op]
-  return {"jaxcraft": (ours(k), True), "xla": (ours("xla"), False), "jax.nn": (nn, False)}
+  return {"jaxcraft": (ours(k), True), "xla": (ours("xla"), False), "jax.nn": (nn, False),
+          "xla+kbwd": (_xla_forward_kernel_backward(ours("xla"), ours(k)), True)}
+
+
+def _xla_forward_kernel_backward(xla_fn, kernel_fn):
+  """The op with XLA's forward and the kernel's backward: the mix a per-pass
+  policy can choose (the kernel's vjp forward is dead code under jit)."""
+  @jax.custom_vjp
+  def fn(x, b):
+    return xla_fn(x, b)
+
+  def fwd(x, b):
+    return xla_fn(x, b), (x, b)
+
+  def bwd(res, dy):
+    return jax.vjp(kernel_fn, *res)[1](dy)
+
+  fn.defvjp(fwd, bwd)
+  return fn
 
 
 def _fwd_step(fn, spec: ActivationSpec):
@@ -107,8 +130,24 @@ def _vjp(fn, spec: ActivationSpec, x, b):
   return jax.vjp(lambda x: fn(x, b), x)[1]
 
 
+def _mlp_block(fn):
+  return lambda x, b, w_in, w_out: (fn(x @ w_in, b) @ w_out).astype(x.dtype)
+
+
 def _mlp_step(fn, w_in, w_out):
-  return lambda x, b: (fn(x @ w_in, b) @ w_out).astype(x.dtype)
+  return lambda x, b: _mlp_block(fn)(x, b, w_in, w_out)
+
+
+def _mlp_train_step(fn):
+  """x -> dx of the MLP block for an independent output cotangent dz, with
+  the weight (and bias) gradients folded into one element of dx so that they
+  are computed, not dead code."""
+  def step(x, b, w_in, w_out, dz):
+    _, vjp = jax.vjp(_mlp_block(fn), x, b, w_in, w_out)
+    dx, db, dw_in, dw_out = vjp(dz)
+    probe = db.reshape(-1)[0] + dw_in[0, 0].astype(F32) + dw_out[0, 0].astype(F32)
+    return dx.at[0, 0].add(probe.astype(dx.dtype))
+  return step
 
 
 def run(bandwidth: float, specs=None):
@@ -126,12 +165,13 @@ def run(bandwidth: float, specs=None):
     print(f"  {spec.op:10s} {spec.name:12s} {name:9s} {mode:8s} {row['us']:9.1f} us {rate}", flush=True)
 
   for spec in specs:
-    k = jax.random.split(jax.random.key(0), 5)
+    k = jax.random.split(jax.random.key(0), 6)
     x = jax.random.normal(k[0], (spec.rows, spec.in_cols), DTYPE)
     b = 0.1 * jax.random.normal(k[1], (spec.cols,), F32)
     w_in = (jax.random.normal(k[2], (D_MODEL, spec.in_cols), DTYPE) / D_MODEL ** 0.5).astype(DTYPE)
     w_out = (jax.random.normal(k[3], (spec.cols, D_MODEL), DTYPE) / spec.cols ** 0.5).astype(DTYPE)
     dy = jax.random.normal(k[4], (spec.rows, spec.cols), DTYPE)
+    dz_mlp = jax.random.normal(k[5], (spec.rows, D_MODEL), DTYPE)
     x_mlp = x[:, :D_MODEL] if spec.in_cols >= D_MODEL else jnp.tile(x, (1, D_MODEL // spec.in_cols + 1))[:, :D_MODEL]
     for name, (fn, custom_call) in _impls(spec.op).items():
       cases = [("fwd", lambda: time_step(_fwd_step(fn, spec), x, b, custom_call=custom_call),
@@ -143,6 +183,9 @@ def run(bandwidth: float, specs=None):
                                              custom_call=custom_call),
                 spec.fwd_bwd_bytes(2)),
                ("mlp fwd", lambda: time_step(_mlp_step(fn, w_in, w_out), x_mlp, b, custom_call=custom_call),
+                0),
+               ("mlp fwd+bwd", lambda: time_step(_mlp_train_step(fn), x_mlp, b, w_in, w_out, dz_mlp,
+                                                 custom_call=custom_call),
                 0)]
       for mode, timed, nbytes in cases:
         try:

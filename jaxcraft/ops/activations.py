@@ -41,12 +41,18 @@ GATED_OPS = ("swiglu", "geglu")
 #         bf16, 16k rows; kernel / XLA reference, us). Forwards tie at the
 #         copy ceiling (gelu [16k, 4096] 114 / 108, [16k, 14336] 349 / 358;
 #         swiglu 480 / 468; geglu 478 / 465): XLA, which also fuses.
-#         fwd+bwd: gelu 267 / 136 and bias_gelu 260 / 282 at 4096, 865 / 429
-#         and 896 / 965 at 14336 (XLA's gradient recomputes the forward in its
-#         backward fusion and writes no y): XLA for the GELU family.
-#         swiglu 1284 / 1515, geglu 1304 / 2076 (XLA's slice transposes):
-#         the kernel's backward. The erf variants follow their tanh twins
-#         (not measured separately).
+#         Backward: the kernel for every op. Decided from the MLP block's
+#         training step (x @ w_in -> act -> @ w_out, d_model 1024, gradients
+#         of x, weights, bias for an independent cotangent; "mlp fwd+bwd"),
+#         XLA forward with the XLA / kernel backward, us: gelu 1063 / 1040
+#         at 4096, 4132 / 3723 at 14336; bias_gelu 1322 / 1055, 4777 / 3754;
+#         swiglu 7019 / 6102; geglu 7325 / 5977. The backward alone (dx from
+#         the saved x and an independent dy): gelu 439 / 153 at 4096,
+#         bias_gelu 626 / 158, swiglu 2607 / 808. Only the fwd+bwd
+#         microbenchmark with dy = y (y unused, no model's case: XLA fuses
+#         the pair into one pass and never writes y) favours XLA: gelu
+#         127 / 264 at 4096. The erf variants follow their tanh twins (not
+#         measured separately). Fifteenth session, H100.
 #   cpu:  XLA everywhere. Measured on a 2-core AVX2 machine, [1024, 4096]
 #         outputs, bf16 (f32 alike): forward kernel / XLA 5.2 / 2.5 ms (gelu),
 #         8.3 / 4.9 (swiglu), 20-37 / 3.7-5 (erf forms: scalar libm erfcf in
@@ -56,10 +62,10 @@ GATED_OPS = ("swiglu", "geglu")
 # Keys: (variant, platform); variant = op, "_erf" appended for approximate=False.
 DEFAULT_IMPLEMENTATION = {
     # (variant, platform): (forward, backward)
-    ("gelu", "cuda"): ("xla", "xla"),
-    ("gelu_erf", "cuda"): ("xla", "xla"),
-    ("bias_gelu", "cuda"): ("xla", "xla"),
-    ("bias_gelu_erf", "cuda"): ("xla", "xla"),
+    ("gelu", "cuda"): ("xla", "kernel"),
+    ("gelu_erf", "cuda"): ("xla", "kernel"),
+    ("bias_gelu", "cuda"): ("xla", "kernel"),
+    ("bias_gelu_erf", "cuda"): ("xla", "kernel"),
     ("swiglu", "cuda"): ("xla", "kernel"),
     ("geglu", "cuda"): ("xla", "kernel"),
     ("geglu_erf", "cuda"): ("xla", "kernel"),
