@@ -94,6 +94,15 @@ __device__ __forceinline__ int64_t head_elems(const T* row, int64_t cols) {
   }
 }
 
+// f(c) for each of this lane's scalar columns: the head [0, head) and the
+// tail [tail, cols) that the vector loop does not cover.
+template <int kGroup, typename F>
+__device__ __forceinline__ void for_scalar_cols(int lane, int64_t head, int64_t tail, int64_t cols,
+                                                F f) {
+  for (int64_t c = lane; c < head; c += kGroup) f(c);
+  for (int64_t c = tail + lane; c < cols; c += kGroup) f(c);
+}
+
 __device__ __forceinline__ bool kept_at(const uint8_t* mask_row, int64_t c) {
   return !mask_row || mask_row[c] != 0;
 }
@@ -115,10 +124,9 @@ __global__ void __launch_bounds__(block_threads<kGroup>())
     const int64_t tail = head + vectors * kN;
     // Online pass: scalar head and tail, then whole vectors.
     MaxSum st = {-CUDART_INF_F, 0.f};
-    for (int64_t c = lane; c < head; c += kGroup)
+    for_scalar_cols<kGroup>(lane, head, tail, p.cols, [&](int64_t c) {
       st = add_values<1>(st, {to_f32(xr[c])}, kept_at(mr, c));
-    for (int64_t c = tail + lane; c < p.cols; c += kGroup)
-      st = add_values<1>(st, {to_f32(xr[c])}, kept_at(mr, c));
+    });
 #pragma unroll 4
     for (int64_t vec = lane; vec < vectors; vec += kGroup) {
       const int64_t c0 = head + vec * kN;
@@ -135,10 +143,9 @@ __global__ void __launch_bounds__(block_threads<kGroup>())
     st = group_max_sum<kGroup>(st, scratch);
     const float inv = 1.f / st.s;
     // Write pass.
-    for (int64_t c = lane; c < head; c += kGroup)
+    for_scalar_cols<kGroup>(lane, head, tail, p.cols, [&](int64_t c) {
       yr[c] = from_f32<T>(output(to_f32(xr[c]), kept_at(mr, c), st, inv));
-    for (int64_t c = tail + lane; c < p.cols; c += kGroup)
-      yr[c] = from_f32<T>(output(to_f32(xr[c]), kept_at(mr, c), st, inv));
+    });
 #pragma unroll 4
     for (int64_t vec = lane; vec < vectors; vec += kGroup) {
       const int64_t c0 = head + vec * kN;
@@ -167,8 +174,8 @@ __global__ void __launch_bounds__(block_threads<kGroup>())
     const int64_t vectors = kVec ? (p.cols - head) / kN : 0;
     const int64_t tail = head + vectors * kN;
     float dot = 0.f;
-    for (int64_t c = lane; c < head; c += kGroup) dot += to_f32(yr[c]) * to_f32(gr[c]);
-    for (int64_t c = tail + lane; c < p.cols; c += kGroup) dot += to_f32(yr[c]) * to_f32(gr[c]);
+    for_scalar_cols<kGroup>(lane, head, tail, p.cols,
+                            [&](int64_t c) { dot += to_f32(yr[c]) * to_f32(gr[c]); });
 #pragma unroll 4
     for (int64_t vec = lane; vec < vectors; vec += kGroup) {
       const Vec<T> a = load_vec(yr + head + vec * kN), b = load_vec(gr + head + vec * kN);
@@ -176,10 +183,9 @@ __global__ void __launch_bounds__(block_threads<kGroup>())
       for (int j = 0; j < kN; ++j) dot += to_f32(a.v[j]) * to_f32(b.v[j]);
     }
     dot = group_sum<kGroup>(dot, scratch);
-    for (int64_t c = lane; c < head; c += kGroup)
+    for_scalar_cols<kGroup>(lane, head, tail, p.cols, [&](int64_t c) {
       dr[c] = from_f32<T>(to_f32(yr[c]) * (to_f32(gr[c]) - dot));
-    for (int64_t c = tail + lane; c < p.cols; c += kGroup)
-      dr[c] = from_f32<T>(to_f32(yr[c]) * (to_f32(gr[c]) - dot));
+    });
 #pragma unroll 4
     for (int64_t vec = lane; vec < vectors; vec += kGroup) {
       const int64_t c0 = head + vec * kN;
