@@ -44,14 +44,14 @@ GATED_OPS = ("swiglu", "geglu")
 #         Backward: the kernel for every op. Decided from the MLP block's
 #         training step (x @ w_in -> act -> @ w_out, d_model 1024, gradients
 #         of x, weights, bias for an independent cotangent; "mlp fwd+bwd"),
-#         XLA forward with the XLA / kernel backward, us: gelu 1063 / 1040
-#         at 4096, 4132 / 3723 at 14336; bias_gelu 1322 / 1055, 4777 / 3754;
-#         swiglu 7019 / 6102; geglu 7325 / 5977. The backward alone (dx from
-#         the saved x and an independent dy): gelu 439 / 153 at 4096,
-#         bias_gelu 626 / 158, swiglu 2607 / 808. Only the fwd+bwd
+#         XLA forward with the kernel / XLA backward, us: gelu 1040 / 1063
+#         at 4096, 3723 / 4132 at 14336; bias_gelu 1055 / 1322, 3754 / 4777;
+#         swiglu 6102 / 7019; geglu 5977 / 7325. The backward alone (dx from
+#         the saved x and an independent dy), kernel / XLA: gelu 153 / 439 at
+#         4096, bias_gelu 158 / 626, swiglu 808 / 2607. Only the fwd+bwd
 #         microbenchmark with dy = y (y unused, no model's case: XLA fuses
 #         the pair into one pass and never writes y) favours XLA: gelu
-#         127 / 264 at 4096. The erf variants follow their tanh twins (not
+#         264 / 127 at 4096. The erf variants follow their tanh twins (not
 #         measured separately). Fifteenth session, H100.
 #   cpu:  XLA everywhere. Measured on a 2-core AVX2 machine, [1024, 4096]
 #         outputs, bf16 (f32 alike): forward kernel / XLA 5.2 / 2.5 ms (gelu),
