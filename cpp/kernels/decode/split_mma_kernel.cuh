@@ -37,7 +37,8 @@ struct MmaConfig {
   // of K+V per tile (D128), 3 stages (~100 KiB) keep 2 tiles in flight and let
   // 2 CTAs share an SM (227 KiB); D64 tiles are half as large (4 stages);
   // D256 tiles are 64 KiB, so 2 stages and one CTA per SM. (Measured at D128:
-  // 2 stages with 3 CTAs per SM within 1%; 4 stages with one CTA 30% slower.)
+  // 4 stages with one CTA 30% slower; 2 stages with 3 CTAs per SM within 1%
+  // before the instruction diet, 1-5% slower after it.)
   static constexpr int kStages = kHeadDim <= 64 ? 4 : (kHeadDim <= 128 ? 3 : 2);
   static constexpr int kTileElems = kBlockN * kHeadDim;
   static constexpr int kRowsPerPass = kThreads / kChunks;  // tile rows one loader pass covers
