@@ -175,7 +175,7 @@ struct BwdSm90Args {
   // the kernel then writes every element (no memset).
   CUtensorMap dbias_map;
   int dbias_tma;
-  int tile_group;  // tile_order.h
+  TileOrder order;  // of the launch grid (tile_order.h)
 };
 
 // kFeat (features.cuh): kPlain, or the instances that add segment ids and
@@ -225,7 +225,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   __syncthreads();
 
   // Lowest key tiles first: under a causal mask they see the most queries.
-  const TileItem item = tile_item(p.tile_group);
+  const TileItem item = tile_item(p.order);
   const int n0 = item.rank * kBN;
   const int kv_head = item.head, b = item.batch;
   const int group = sh.num_heads / sh.num_kv_heads;
@@ -946,9 +946,11 @@ cudaError_t launch_bwd_sm90(const BwdArgs& a, cudaStream_t stream,
   if (err != cudaSuccess) return err;
   const dim3 grid((s.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, s.num_kv_heads, s.batch);
   // Each KV head's tiles stream Q and dO of the query heads of its group.
-  p.tile_group = tile_group(a.mask.causal, int64_t(s.seqlen_q) * s.head_dim * 4 *
-                                               (s.num_heads / s.num_kv_heads),
-                            int64_t(s.num_kv_heads) * s.batch);
+  if (int64_t(grid.x) * grid.y * grid.z > INT32_MAX) return cudaErrorInvalidValue;
+  p.order = tile_order(grid.x, s.num_kv_heads, s.batch,
+                       tile_group(a.mask.causal, int64_t(s.seqlen_q) * s.head_dim * 4 *
+                                                     (s.num_heads / s.num_kv_heads),
+                                  int64_t(s.num_kv_heads) * s.batch));
   kernel<<<grid, Cfg::kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }

@@ -154,12 +154,13 @@ struct FwdSm90Args {
   CUtensorMap o_map;  // box 64 rows (one consumer warpgroup)
   FwdArgs a;
   CUtensorMap bias_map;  // kBias instances: box kBlockM rows x 128 bytes
-  int tile_group;        // tile_order.h
-  // Work items: m_blocks query tiles x heads x batch, taken in units of
-  // unit_tiles x heads x batch (kernel parameters, which cost the consumers
-  // no registers). paired: a unit is query tiles r and m_blocks - 1 - r of
-  // one head (unit_tiles = ceil(m_blocks / 2)), else one tile (= m_blocks).
-  int m_blocks, unit_tiles, units, paired;
+  TileOrder order;       // of the units (tile_order.h)
+  // Work items: m_blocks query tiles x heads x batch, taken in `units`
+  // units (kernel parameters, which cost the consumers no registers).
+  // paired: a unit is query tiles r and m_blocks - 1 - r of one head
+  // (ceil(m_blocks / 2) units per head), else one tile (m_blocks per head).
+  int m_blocks, units, paired;
+  FastDiv kv_group;  // query heads per KV head
   int o_in_stage;  // kOInStage and a persistent launch
 };
 
@@ -231,26 +232,28 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     int unit, second;
   };
   auto item_at = [&](Cursor cur) {
-    TileItem item = tile_item_at(cur.unit, p.unit_tiles, sh.num_heads, sh.batch, p.tile_group);
+    TileItem item = tile_item_at(cur.unit, p.order);
     if (cur.second) item.rank = p.m_blocks - 1 - item.rank;
     return item;
   };
-  auto next_item = [&](Cursor cur) {
-    if (p.paired && !cur.second && 2 * item_at(cur).rank + 1 < p.m_blocks) return Cursor{cur.unit, 1};
-    return Cursor{cur.unit + int(gridDim.x), 0};
-  };
   struct Work {
-    int m0, head, b, kv_head, rows_valid, t_begin, t_end;
+    int rank, m0, head, b, kv_head, rows_valid, t_begin, t_end;
     SeqLens lens;
+  };
+  // The cursor after `cur`, whose work is `wk` (its rank decoded once).
+  auto next_item = [&](Cursor cur, const Work& wk) {
+    if (p.paired && !cur.second && 2 * wk.rank + 1 < p.m_blocks) return Cursor{cur.unit, 1};
+    return Cursor{cur.unit + int(gridDim.x), 0};
   };
   // Both roles derive the key tiles [t_begin, t_end) an item visits, so
   // that the producer loads exactly the tiles the consumers take from the ring.
   auto work_at = [&](Cursor cur) {
     const TileItem item = item_at(cur);
     Work w;
+    w.rank = item.rank;
     w.head = item.head;
     w.b = item.batch;
-    w.kv_head = w.head / (sh.num_heads / sh.num_kv_heads);
+    w.kv_head = p.kv_group.div(w.head);
     w.lens = seq_lens(a.mask, sh, w.b);
     w.m0 = (p.m_blocks - 1 - item.rank) * kBM;
     w.rows_valid = min(kBM, w.lens.q_len - w.m0);
@@ -283,7 +286,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         prefetch_tensor_map(&p.k_map);
         prefetch_tensor_map(&p.v_map);
         int it = 0, n = 0;
-        for (Cursor cur{int(blockIdx.x), 0}; cur.unit < p.units; cur = next_item(cur), ++n) {
+        for (Cursor cur{int(blockIdx.x), 0}; cur.unit < p.units; ++n) {
           const Work wk = work_at(cur);
           // Q after this item's first K/V tile, whose stage frees up earlier.
           if (wk.t_begin == wk.t_end) load_q(n, wk);
@@ -300,6 +303,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             }
             if (nt == wk.t_begin) load_q(n, wk);
           }
+          cur = next_item(cur, wk);
         }
       }
     } else if (tid < kWarpSize) {
@@ -314,7 +318,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         if constexpr (kFeat == kBias) prefetch_tensor_map(&p.bias_map);
       }
       int it = 0, n = 0;
-      for (Cursor cur{int(blockIdx.x), 0}; cur.unit < p.units; cur = next_item(cur), ++n) {
+      for (Cursor cur{int(blockIdx.x), 0}; cur.unit < p.units; ++n) {
         const Work wk = work_at(cur);
         const int m0 = wk.m0, head = wk.head, b = wk.b, kv_head = wk.kv_head;
         const int t_begin = wk.t_begin, t_end = wk.t_end;
@@ -366,6 +370,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           }
           mbar_arrive(ring.full(s));
         }
+        cur = next_item(cur, wk);
       }
     }
     return;
@@ -394,7 +399,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   };
 
   int it0 = 0, n = 0;  // ring uses before this work item; items done
-  for (Cursor cur{int(blockIdx.x), 0}; cur.unit < p.units; cur = next_item(cur), ++n) {
+  for (Cursor cur{int(blockIdx.x), 0}; cur.unit < p.units; ++n) {
     const Work wk = work_at(cur);
     const int m0 = wk.m0, head = wk.head, b = wk.b, rows_valid = wk.rows_valid;
     const int t_begin = wk.t_begin, t_end = wk.t_end;
@@ -777,6 +782,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
     }
     it0 += t_end - t_begin;
+    cur = next_item(cur, wk);
   }
   release_stored();  // the last store reads shared memory until here
 #endif  // JAXCRAFT_SM90A_ENABLED
@@ -817,14 +823,16 @@ cudaError_t launch_fwd_sm90(const FwdArgs& a, cudaStream_t stream,
   p.m_blocks = (s.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   p.paired = persistent && a.mask.causal;
   p.o_in_stage = persistent && Cfg::kOInStage;
-  p.unit_tiles = p.paired ? (p.m_blocks + 1) / 2 : p.m_blocks;
-  const int64_t units = int64_t(p.unit_tiles) * s.num_heads * s.batch;
+  p.kv_group = FastDiv(s.num_heads / s.num_kv_heads);
+  const int unit_tiles = p.paired ? (p.m_blocks + 1) / 2 : p.m_blocks;
+  const int64_t units = int64_t(unit_tiles) * s.num_heads * s.batch;
   const int max_grid = persistent_grid_size();
   if (units + max_grid > INT32_MAX) return cudaErrorInvalidValue;
   p.units = static_cast<int>(units);
   // Each query head's tiles stream its KV head's K and V.
-  p.tile_group = tile_group(a.mask.causal, int64_t(s.seqlen_k) * s.head_dim * 4,
-                            int64_t(s.num_heads) * s.batch);
+  p.order = tile_order(unit_tiles, s.num_heads, s.batch,
+                       tile_group(a.mask.causal, int64_t(s.seqlen_k) * s.head_dim * 4,
+                                  int64_t(s.num_heads) * s.batch));
   const int grid = persistent ? std::min(p.units, max_grid) : p.units;
   kernel<<<grid, Cfg::kThreads, smem, stream>>>(p);
   return cudaGetLastError();
