@@ -10,7 +10,7 @@
 #include <type_traits>
 
 #include "common/cp_async.cuh"
-#include "kernels/decode/fast_divmod.h"
+#include "common/fast_divmod.h"
 #include "kernels/decode/params.h"
 
 namespace jaxcraft {

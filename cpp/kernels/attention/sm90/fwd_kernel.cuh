@@ -160,7 +160,7 @@ struct FwdSm90Args {
   // paired: a unit is query tiles r and m_blocks - 1 - r of one head
   // (ceil(m_blocks / 2) units per head), else one tile (m_blocks per head).
   int m_blocks, units, paired;
-  FastDiv kv_group;  // query heads per KV head
+  FastDivmod kv_group;  // query heads per KV head
   int o_in_stage;  // kOInStage and a persistent launch
 };
 
@@ -823,7 +823,7 @@ cudaError_t launch_fwd_sm90(const FwdArgs& a, cudaStream_t stream,
   p.m_blocks = (s.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   p.paired = persistent && a.mask.causal;
   p.o_in_stage = persistent && Cfg::kOInStage;
-  p.kv_group = FastDiv(s.num_heads / s.num_kv_heads);
+  p.kv_group = FastDivmod::make(s.num_heads / s.num_kv_heads);
   const int unit_tiles = p.paired ? (p.m_blocks + 1) / 2 : p.m_blocks;
   const int64_t units = int64_t(unit_tiles) * s.num_heads * s.batch;
   const int max_grid = persistent_grid_size();

@@ -16,6 +16,8 @@
 
 #include <cstdint>
 
+#include "common/fast_divmod.h"
+
 namespace jaxcraft {
 namespace attn {
 namespace sm90 {
@@ -36,57 +38,36 @@ struct TileItem {
   int head, batch;
 };
 
-// Unsigned division by a divisor fixed at launch, as a multiply-high, an add
-// and a shift (Granlund and Montgomery's round-up multiplier), exact for
-// dividends below 2^31. The persistent forward decodes a work item at every
-// item; with 64-bit divisions that decode was a few hundred instructions
-// per thread on each item's critical path.
-struct FastDiv {
-  uint32_t d = 1, mul = 1, shift = 0;
-  FastDiv() = default;
-  explicit FastDiv(uint32_t divisor) : d(divisor) {
-    while ((uint64_t(1) << shift) < divisor) ++shift;  // ceil(log2 d)
-    mul = static_cast<uint32_t>((uint64_t(1) << 32) * ((uint64_t(1) << shift) - divisor) / divisor + 1);
-  }
-  __host__ __device__ uint32_t div(uint32_t x) const {
-#ifdef __CUDA_ARCH__
-    const uint32_t hi = __umulhi(x, mul);
-#else
-    const uint32_t hi = static_cast<uint32_t>((uint64_t(x) * mul) >> 32);
-#endif
-    return (hi + x) >> shift;
-  }
-};
-
 // Work item idx of `tiles` x `heads` x `batches` (tiles fastest), read as
 // tile-major within groups of `group` (head, batch) pairs; the last group
 // may be smaller. Built on the host (tile_order below).
 struct TileOrder {
-  FastDiv group_tiles;  // items per full group
-  FastDiv group, last;  // (head, batch) pairs per full group, in the last group
-  FastDiv heads;
-  int last_chunk;       // index of the last group
+  FastDivmod group_tiles;  // items per full group
+  FastDivmod group, last;  // (head, batch) pairs per full group, in the last group
+  FastDivmod heads;
+  int last_chunk;          // index of the last group
 };
 
 inline TileOrder tile_order(int tiles, int heads, int batches, int group) {
   const uint32_t members = uint32_t(heads) * uint32_t(batches);
   TileOrder o;
-  o.group_tiles = FastDiv(uint32_t(group) * uint32_t(tiles));
-  o.group = FastDiv(uint32_t(group));
+  o.group_tiles = FastDivmod::make(uint32_t(group) * uint32_t(tiles));
+  o.group = FastDivmod::make(uint32_t(group));
   o.last_chunk = static_cast<int>((members - 1) / uint32_t(group));
-  o.last = FastDiv(members - uint32_t(o.last_chunk) * uint32_t(group));
-  o.heads = FastDiv(uint32_t(heads));
+  o.last = FastDivmod::make(members - uint32_t(o.last_chunk) * uint32_t(group));
+  o.heads = FastDivmod::make(uint32_t(heads));
   return o;
 }
 
-// Callers keep idx below 2^31 (the launchers check the item count).
+// Without 64-bit divisions: the persistent forward decodes an item at every
+// item (the launchers keep the item count below 2^31).
 __device__ __forceinline__ TileItem tile_item_at(int idx, const TileOrder& o) {
-  const uint32_t chunk = o.group_tiles.div(idx), within = idx - chunk * o.group_tiles.d;
-  const FastDiv size = int(chunk) == o.last_chunk ? o.last : o.group;
-  const uint32_t rank = size.div(within);
-  const uint32_t member = chunk * o.group.d + (within - rank * size.d);
-  const uint32_t batch = o.heads.div(member);
-  return TileItem{int(rank), int(member - batch * o.heads.d), int(batch)};
+  uint32_t chunk, within, rank, in_group, batch, head;
+  o.group_tiles.divmod(idx, chunk, within);
+  const FastDivmod size = int(chunk) == o.last_chunk ? o.last : o.group;
+  size.divmod(within, rank, in_group);
+  o.heads.divmod(chunk * o.group.divisor + in_group, batch, head);
+  return TileItem{int(rank), int(head), int(batch)};
 }
 
 // This CTA's work item when the launch grid is (tiles, heads, batch).

@@ -1,8 +1,10 @@
 // Division by a runtime-invariant divisor as a multiply-high and two shifts
 // (Granlund & Montgomery, "Division by invariant integers using
-// multiplication", 1994, fig. 4.1): the kernels split key positions into
-// (page, row in page) for every key row they load, and a hardware integer
-// division costs ~20 instructions. Host-computable, device-usable.
+// multiplication", 1994, fig. 4.1), where a hardware integer division costs
+// ~20 instructions (a 64-bit one a branchy subroutine): the decode kernels
+// split key positions into (page, row in page) for every key row they load,
+// and the persistent Hopper attention forward decodes a work item at every
+// item. Host-computable, device-usable.
 #pragma once
 #include <cstdint>
 
