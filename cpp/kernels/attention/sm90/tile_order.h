@@ -59,8 +59,9 @@ inline TileOrder tile_order(int tiles, int heads, int batches, int group) {
   return o;
 }
 
-// Without 64-bit divisions: the persistent forward decodes an item at every
-// item (the launchers keep the item count below 2^31).
+// Multiply-shift divisions only: the persistent forward decodes each work
+// item it takes, on the item's critical path, where 64-bit divisions cost
+// 3-11% at S <= 1024 (bench/NOTES.md). The launchers keep idx below 2^31.
 __device__ __forceinline__ TileItem tile_item_at(int idx, const TileOrder& o) {
   uint32_t chunk, within, rank, in_group, batch, head;
   o.group_tiles.divmod(idx, chunk, within);
