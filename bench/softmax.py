@@ -85,7 +85,8 @@ def run(bandwidth: float, specs=None):
         cases = [("fwd", lambda: time_step(fn, x, custom_call=custom_call), spec.fwd_bytes(itemsize)),
                  ("bwd", lambda: time_step(_bwd_step, dy, jax.vjp(fn, x)[1], custom_call=bwd_custom_call),
                   spec.bwd_bytes(itemsize)),
-                 ("fwd+bwd", lambda: time_step(_fwd_bwd_step(fn), x, custom_call=custom_call),
+                 ("fwd+bwd", lambda: time_step(_fwd_bwd_step(fn), x,
+                                               custom_call=custom_call or bwd_custom_call),
                   spec.fwd_bwd_bytes(itemsize))]
         for mode, timed, nbytes in (c for c in cases if c[0] in modes):
           try:
