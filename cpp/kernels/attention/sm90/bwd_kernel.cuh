@@ -110,9 +110,15 @@ struct BwdConfig {
   static constexpr int kSmemBytes = kSwizzleAtomBytes + 2 * kKVBytes + kStages * kStageBytes +
                                     kDsBuffers * kDsBytes + kConsumers * kDqBytes +
                                     kStages * kVecStageBytes + ring_barrier_bytes(kStages);
-  // The split-D consumers hold the most (S^T and dP^T plus half of dK, dV).
-  static constexpr int kProducerRegs = kSplitD ? 24 : 40;
-  static constexpr int kConsumerRegs = kSplitD ? 240 : 232;
+  // The consumers hold S^T and dP^T plus dK, dV (split-D: half of them).
+  // With 232 the plain head-dim-128 instance spilled 40 bytes, reloaded
+  // every step (11 LDL in the step loop's SASS); with 240 (the producer at
+  // 24, as in the kScores instances) it spills none. Head dim 64 keeps
+  // 40 / 232: at 240 its 128-query steps spill more, not less (48 bytes
+  // reloaded against 32).
+  static constexpr bool kWideConsumers = kSplitD || kHeadDim_ != 64;
+  static constexpr int kProducerRegs = kWideConsumers ? 24 : 40;
+  static constexpr int kConsumerRegs = kWideConsumers ? 240 : 232;
   // kScores and up: their consumers need every register they can get (the
   // fused P^T / dS^T pass); the producer warp copes with 24.
   static constexpr int kScoreProducerRegs = 24;
