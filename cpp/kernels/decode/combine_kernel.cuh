@@ -31,6 +31,10 @@ __global__ void __launch_bounds__(kCombineThreads)
   __shared__ float4 s_acc[kCombineWarps][kMaxHeadDim / 4];
   __shared__ float s_max[kCombineWarps], s_total[kCombineWarps];
   const DecodeParams& p = a.p;
+  // Launched as a dependent of the split kernel: its partials are complete
+  // and visible after the wait.
+  wait_for_prior_grid();
+  allow_dependent_grids();
   const int64_t rows = p.batch * p.seqlen_q * p.num_heads;
   const int64_t row = blockIdx.x;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;

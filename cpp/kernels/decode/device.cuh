@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "common/cp_async.cuh"
+#include "common/dependent_launch.cuh"
 #include "common/fast_divmod.h"
 #include "kernels/decode/params.h"
 

@@ -79,12 +79,16 @@ cudaError_t run(const DecodeParams& p, void (*kernel)(DecodeArgs), size_t smem,
   const int64_t grid = ctas * a.num_splits;
   if (grid <= 0) return cudaSuccess;
   if (grid > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidConfiguration;
-  kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, smem, stream>>>(a);
-  if ((err = cudaGetLastError()) != cudaSuccess || a.num_splits == 1) return err;
+  // Both kernels launch as dependents (common/dependent_launch.cuh): each
+  // one's launch overlaps the tail of the kernel before it in the stream.
+  static std::atomic<int> split_early[kMaxCachedDevices], combine_early[kMaxCachedDevices];
+  err = launch_dependent(split_early, kernel, static_cast<unsigned>(grid), Cfg::kThreads, smem,
+                         stream, a);
+  if (err != cudaSuccess || a.num_splits == 1) return err;
   const int64_t rows = p.batch * p.seqlen_q * p.num_heads;  // one combine CTA each
   if (rows > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidConfiguration;
-  decode::decode_combine_kernel<T><<<static_cast<unsigned>(rows), decode::kCombineThreads, 0, stream>>>(a);
-  return cudaGetLastError();
+  return launch_dependent(combine_early, decode::decode_combine_kernel<T>,
+                          static_cast<unsigned>(rows), decode::kCombineThreads, 0, stream, a);
 }
 
 // Head dims are padded up to a bucket (zeros in shared memory, no global reads).

@@ -83,6 +83,10 @@ __global__ void __launch_bounds__(MmaConfig<T, kHeadDim>::kThreads, 1)
   __shared__ int s_bad_tile[kStages];
 
   const DecodeParams& p = a.p;
+  // Launched as a dependent (launch_decode.cu): every global access waits
+  // for the kernel before it; the combine may begin launching at once.
+  wait_for_prior_grid();
+  allow_dependent_grids();
   // Row chunks vary fastest: the CTAs that read the same K/V run together
   // and share it through L2.
   int64_t cta = blockIdx.x;

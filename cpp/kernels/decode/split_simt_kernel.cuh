@@ -42,6 +42,8 @@ __global__ void __launch_bounds__(SimtConfig<kHeadDim>::kThreads, 1)
   __shared__ typename Cfg::Epi::Stats stats;
 
   const DecodeParams& p = a.p;
+  wait_for_prior_grid();  // launched as a dependent, as the MMA kernel
+  allow_dependent_grids();
   int64_t cta = blockIdx.x;
   const int chunk = static_cast<int>(cta % a.row_chunks);
   cta /= a.row_chunks;
