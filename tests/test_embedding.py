@@ -169,20 +169,23 @@ def test_transforms(platform):
   fill = lambda t, i: jaxcraft.embedding_lookup(t, i, implementation=platform)
   _equal(jax.vmap(fill, (0, 1))(tables, ids),
          jax.vmap(lambda t, i: jnp.take(t, i, axis=0), (0, 1))(tables, ids))
-  # Gradients (float32 sums in the kernels vs bf16 in XLA's: loose tolerance).
+  # Gradients against a reference that sums in float32 as the kernels do
+  # (XLA's own bf16 scatter-add on the GPU drifts by up to 0.09 here); the
+  # tolerance covers the order of the float32 sums and the final rounding.
   tol = dict(rtol=2e-2, atol=5e-2)
+  ref32 = lambda t, i: jnp.take(t.astype(jnp.float32), i, axis=0, mode="clip")
   w = random(k[3], (3, 4, 5, 24), jnp.float32)
   loss = lambda f: lambda t, i: jnp.sum(f(t, i).astype(jnp.float32) * w)
   # grad of vmap, per-example gradients (vmap of grad), checkpoint.
   gv = lambda f: jax.grad(lambda t: jnp.sum(jax.vmap(f, (None, 1))(t, ids).astype(jnp.float32)
                                             * jnp.moveaxis(w, 1, 0)))
-  np.testing.assert_allclose(f64(gv(fn)(table)), f64(gv(ref)(table)), **tol)
+  np.testing.assert_allclose(f64(gv(fn)(table)), f64(gv(ref32)(table)), **tol)
   per_example = lambda f: jax.vmap(jax.grad(lambda t, i: jnp.sum(f(t, i).astype(jnp.float32))),
                                    (None, 1))
-  np.testing.assert_allclose(f64(per_example(fn)(table, ids)), f64(per_example(ref)(table, ids)),
+  np.testing.assert_allclose(f64(per_example(fn)(table, ids)), f64(per_example(ref32)(table, ids)),
                              **tol)
   ck = jax.checkpoint(loss(fn))
-  np.testing.assert_allclose(f64(jax.grad(ck)(table, ids)), f64(jax.grad(loss(ref))(table, ids)),
+  np.testing.assert_allclose(f64(jax.grad(ck)(table, ids)), f64(jax.grad(loss(ref32))(table, ids)),
                              **tol)
 
 

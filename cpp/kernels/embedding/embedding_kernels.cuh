@@ -19,6 +19,11 @@ constexpr int kVecBytes = 16;  // one LDG.128 / STG.128
 // Packs a thread keeps in flight per row: 2 x 16 B x 2048 threads = 64 KiB per
 // SM, over the ~25 KiB per SM that HBM3's bandwidth-latency product needs.
 constexpr int kPacksPerThread = 2;
+// The lookup (a pure copy) keeps more in flight: at 2 packs it reached 64% of
+// the H200's copy bandwidth on a 128k x 4096 table, at 8 packs 83-87%
+// (bench/NOTES.md). The backward kernels keep kPacksPerThread: their
+// deterministic pass was 17-97% slower at 8.
+constexpr int kLookupPacksPerThread = 8;
 
 template <typename T>
 constexpr int kVecN = kVecBytes / int(sizeof(T));
@@ -103,13 +108,13 @@ __global__ void __launch_bounds__(kBlockThreads) lookup_kernel(EmbeddingFwdParam
       continue;
     }
     const P* src = table + r * packs;
-    for (int64_t c0 = l.lane(); c0 < packs; c0 += group * kPacksPerThread) {
-      P v[kPacksPerThread];
+    for (int64_t c0 = l.lane(); c0 < packs; c0 += group * kLookupPacksPerThread) {
+      P v[kLookupPacksPerThread];
 #pragma unroll
-      for (int u = 0; u < kPacksPerThread; ++u)
+      for (int u = 0; u < kLookupPacksPerThread; ++u)
         if (c0 + u * group < packs) v[u] = src[c0 + u * group];
 #pragma unroll
-      for (int u = 0; u < kPacksPerThread; ++u)
+      for (int u = 0; u < kLookupPacksPerThread; ++u)
         if (c0 + u * group < packs) dst[c0 + u * group] = v[u];
     }
   }

@@ -14,6 +14,7 @@ namespace jaxcraft {
 namespace {
 
 using embedding::kBlockThreads;
+using embedding::kLookupPacksPerThread;
 using embedding::kPacksPerThread;
 using embedding::kVecN;
 using embedding::Layout;
@@ -36,11 +37,12 @@ bool can_vectorize(int64_t dim, std::initializer_list<const void*> ptrs) {
 }
 
 // Threads per row: the fewest (a power of two) that cover the row with
-// kPacksPerThread packs each, at most a block. Narrow rows (D = 64 bf16: 8
-// packs -> 4 threads) share a warp instead of idling most of its lanes.
-Layout layout_for(int64_t packs) {
+// `per_thread` packs each, at most a block. Narrow rows (D = 64 bf16: 8
+// packs -> 4 threads at 2 packs each) share a warp instead of idling most of
+// its lanes.
+Layout layout_for(int64_t packs, int per_thread = kPacksPerThread) {
   int shift = 0;
-  while ((int64_t(1) << shift) * kPacksPerThread < packs && (1 << shift) < kBlockThreads) ++shift;
+  while ((int64_t(1) << shift) * per_thread < packs && (1 << shift) < kBlockThreads) ++shift;
   return Layout{shift};
 }
 
@@ -54,7 +56,7 @@ int64_t grid_for_threads(int64_t n) {
 
 template <typename T, int kN>
 cudaError_t fwd_packed(const EmbeddingFwdParams& p, cudaStream_t stream) {
-  const Layout l = layout_for(p.dim / kN);
+  const Layout l = layout_for(p.dim / kN, kLookupPacksPerThread);
   embedding::lookup_kernel<T, kN><<<grid_for(p.num_ids, l), kBlockThreads, 0, stream>>>(p, l);
   return cudaGetLastError();
 }
