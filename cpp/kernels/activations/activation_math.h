@@ -73,16 +73,36 @@ inline float host_expf(float x) {
   return x > kMaxArg ? HUGE_VALF : (x < kMinArg ? 0.f : result);
 }
 
-// exp: the hardware exp2 in CUDA code (two instructions where expf takes
-// about ten; with it and the reciprocal below the GELU kernels ran 2-7%
-// faster on the H200), the vectorizable one on the host. The hardware
-// form's error, |x| x 6e-8 relative from rounding x log2(e) plus 2e-7, is
-// the size of what rounding x itself already carries (|x| ulp).
+// exp and the sigmoid's reciprocal: single hardware instructions in CUDA
+// code, the vectorizable and the exact forms on the host. The GELU kernels
+// are issue-bound on the H200 (about 29 instructions per element with
+// __expf and __frcp_rn, whose range checks and slow-path call cost more than
+// the math), so each instruction saved is time saved.
+// - ex2.approx.ftz: relative error 2^-22 (PTX ISA), plus |x| x 6e-8 from
+//   rounding x log2(e), the size of what rounding x itself already carries.
+//   Results below 2^-126 flush to zero; every caller adds them to 1 or
+//   multiplies them by a value they cannot make normal again within the
+//   tests' absolute floor.
+// - rcp.approx.ftz: at most 1 ulp (PTX ISA); its argument here is 1 + e >= 1,
+//   and 1 / inf = 0 as needed when e overflows.
 JAXCRAFT_ACT_FN float act_exp(float x) {
 #ifdef __CUDA_ARCH__
-  return __expf(x);
+  constexpr float kLog2e = 1.44269504088896341f;
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * kLog2e));
+  return y;
 #else
   return host_expf(x);
+#endif
+}
+
+JAXCRAFT_ACT_FN float act_reciprocal(float x) {
+#ifdef __CUDA_ARCH__
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return 1.f / x;
 #endif
 }
 
@@ -91,11 +111,7 @@ JAXCRAFT_ACT_FN float act_exp(float x) {
 // inf * 0).
 JAXCRAFT_ACT_FN void sigmoid_pair(float z, float& s, float& one_minus_s) {
   const float e = act_exp(-z);
-#ifdef __CUDA_ARCH__
-  s = __frcp_rn(1.f + e);  // correctly rounded, without the division's slow path
-#else
-  s = 1.f / (1.f + e);
-#endif
+  s = act_reciprocal(1.f + e);
   one_minus_s = s > 0.f ? e * s : 1.f;
 }
 
