@@ -53,6 +53,19 @@ GATED_OPS = ("swiglu", "geglu")
 #         the pair into one pass and never writes y) favours XLA: gelu
 #         264 / 127 at 4096. The erf variants follow their tanh twins (not
 #         measured separately). Fifteenth session, H100.
+#         Eighteenth session, H200: the kernels' exp and reciprocal became
+#         single instructions and the tanh-form forwards now beat XLA alone
+#         (gelu 75.5 / 99.8 at 4096, 246 / 339 at 14336; bias_gelu 75 / 107,
+#         249 / 362; swiglu 336 / 354; geglu 334 / 396) and inside the MLP
+#         block, median of 3: "mlp fwd" kernel / XLA forward 457 / 493,
+#         1562 / 1647, 448 / 484, 1517 / 1652, 2186 / 2236, 2193 / 2261;
+#         "mlp fwd+bwd" with the kernel backward 963 / 989, 3413 / 3489,
+#         935 / 953, 3363 / 3540, 5667 / 5756, 5745 / 5834. On the H100 the
+#         older kernel already tied XLA's forward, and its "mlp fwd" was
+#         faster (1610 / 1773 us, gelu 14336). So the tanh forms run the
+#         kernel forward. The erf forms keep XLA's: the kernel's erfcf costs
+#         ~45 instructions per element (geglu-erf forward at 67% of copy on
+#         the H200), and they were not measured against XLA in JAX.
 #   cpu:  XLA everywhere. Measured on a 2-core AVX2 machine, [1024, 4096]
 #         outputs, bf16 (f32 alike): forward kernel / XLA 5.2 / 2.5 ms (gelu),
 #         8.3 / 4.9 (swiglu), 20-37 / 3.7-5 (erf forms: scalar libm erfcf in
@@ -62,12 +75,12 @@ GATED_OPS = ("swiglu", "geglu")
 # Keys: (variant, platform); variant = op, "_erf" appended for approximate=False.
 DEFAULT_IMPLEMENTATION = {
     # (variant, platform): (forward, backward)
-    ("gelu", "cuda"): ("xla", "kernel"),
+    ("gelu", "cuda"): ("kernel", "kernel"),
     ("gelu_erf", "cuda"): ("xla", "kernel"),
-    ("bias_gelu", "cuda"): ("xla", "kernel"),
+    ("bias_gelu", "cuda"): ("kernel", "kernel"),
     ("bias_gelu_erf", "cuda"): ("xla", "kernel"),
-    ("swiglu", "cuda"): ("xla", "kernel"),
-    ("geglu", "cuda"): ("xla", "kernel"),
+    ("swiglu", "cuda"): ("kernel", "kernel"),
+    ("geglu", "cuda"): ("kernel", "kernel"),
     ("geglu_erf", "cuda"): ("xla", "kernel"),
     ("gelu", "cpu"): ("xla", "xla"),
     ("gelu_erf", "cpu"): ("xla", "xla"),

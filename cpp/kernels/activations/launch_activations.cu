@@ -17,8 +17,10 @@ using activation::kVecElems;
 constexpr int64_t kMaxGridY = 65535;
 // Rows per chunk (forward, and backward without a bias gradient): each thread
 // handles kChunkRows rows, which amortizes its bias load and index math while
-// leaving many blocks (8192 at 16k x 4096 bf16) to balance the SMs.
-constexpr int64_t kChunkRows = 4;
+// leaving many blocks (4096 at 16k x 4096 bf16) to balance the SMs. On the
+// H200, 8 rather than 4: gelu [16k, 14336] 242 -> 235 us, 4096 columns the
+// same; 16 gained nothing more.
+constexpr int64_t kChunkRows = 8;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
