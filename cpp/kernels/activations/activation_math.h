@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels/activations/device_math.h"
 #include "kernels/activations/params.h"
 
 #ifdef __CUDACC__
@@ -73,24 +74,22 @@ inline float host_expf(float x) {
   return x > kMaxArg ? HUGE_VALF : (x < kMinArg ? 0.f : result);
 }
 
-// exp and the sigmoid's reciprocal: single hardware instructions in CUDA
-// code, the vectorizable and the exact forms on the host. The GELU kernels
-// are issue-bound on the H200 (about 29 instructions per element with
-// __expf and __frcp_rn, whose range checks and slow-path call cost more than
-// the math), so each instruction saved is time saved.
-// - ex2.approx.ftz: relative error 2^-22 (PTX ISA), plus |x| x 6e-8 from
-//   rounding x log2(e), the size of what rounding x itself already carries.
-//   Results below 2^-126 flush to zero; every caller adds them to 1 or
-//   multiplies them by a value they cannot make normal again within the
-//   tests' absolute floor.
-// - rcp.approx.ftz: at most 1 ulp (PTX ISA); its argument here is 1 + e >= 1,
-//   and 1 / inf = 0 as needed when e overflows.
+// exp, the sigmoid's reciprocal and erfc: device_math.h's approximations in
+// CUDA code (the GELU kernels are issue-bound on the H200: with __expf and
+// __frcp_rn, whose range checks and slow-path call cost more than the math,
+// the tanh form took about 29 instructions per element, now 13), the
+// vectorizable exp, the exact division and libm's erfcf on the host.
+// - exp: ex2.approx's 2^-22 relative, plus |x| x 6e-8 from rounding
+//   x log2(e), the size of what rounding x itself already carries. Results
+//   below 2^-126 flush to zero; every caller adds them to 1 or multiplies
+//   them by a value they cannot make normal again within the tests'
+//   absolute floor.
+// - reciprocal: at most 1 ulp; its argument here is 1 + e >= 1, and
+//   1 / inf = 0 as needed when e overflows.
 JAXCRAFT_ACT_FN float act_exp(float x) {
 #ifdef __CUDA_ARCH__
   constexpr float kLog2e = 1.44269504088896341f;
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * kLog2e));
-  return y;
+  return approx_exp2(x * kLog2e);
 #else
   return host_expf(x);
 #endif
@@ -98,11 +97,19 @@ JAXCRAFT_ACT_FN float act_exp(float x) {
 
 JAXCRAFT_ACT_FN float act_reciprocal(float x) {
 #ifdef __CUDA_ARCH__
-  float y;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
+  return approx_rcp(x);
 #else
   return 1.f / x;
+#endif
+}
+
+// erfc(x), and exp(-x^2) into gauss (the erf form's derivative needs both).
+JAXCRAFT_ACT_FN float act_erfc(float x, float& gauss) {
+#ifdef __CUDA_ARCH__
+  return device_erfc(x, gauss);
+#else
+  gauss = host_expf(-x * x);
+  return erfcf(x);
 #endif
 }
 
@@ -139,11 +146,16 @@ struct Act<Activation::kGeluTanh> {
 
 template <>
 struct Act<Activation::kGeluErf> {
-  // f = h Phi(h); f' = Phi(h) + h phi(h).
-  static JAXCRAFT_ACT_FN float value(float h) { return h * (0.5f * erfcf(-h * kInvSqrt2)); }
+  // f = h Phi(h), Phi(h) = erfc(x) / 2 with x = -h / sqrt 2;
+  // f' = Phi(h) + h phi(h), phi(h) = exp(-x^2) / sqrt(2 pi).
+  static JAXCRAFT_ACT_FN float value(float h) {
+    float gauss;
+    return h * (0.5f * act_erfc(-h * kInvSqrt2, gauss));
+  }
   static JAXCRAFT_ACT_FN float value_and_grad(float h, float& grad) {
-    const float cdf = 0.5f * erfcf(-h * kInvSqrt2);
-    grad = cdf + h * (kInvSqrt2Pi * act_exp(-0.5f * h * h));
+    float gauss;
+    const float cdf = 0.5f * act_erfc(-h * kInvSqrt2, gauss);
+    grad = cdf + h * (kInvSqrt2Pi * gauss);
     return h * cdf;
   }
 };
