@@ -34,6 +34,31 @@ __device__ __forceinline__ float exp_shifted(float x, float m, float m_log2e) {
 }
 
 // ------------------------------------------------------------------ forward
+// The factor exp(m - M) / S that turns a CTA's exp(x - m) (m its own max)
+// into the row's softmax: threads 0..kSplit-1 push the CTA's (m, sum) into
+// slot `rank` of every CTA's `pairs`, and after the cluster barrier each
+// CTA reads M = max m_r and S = sum s_r exp(m_r - M) in rank order (the
+// same bits everywhere). One barrier per row where a max and then a sum
+// took two. Callers alternate two `pairs` arrays by row: a CTA can push the
+// next row's pair only after every CTA has arrived at this row's barrier,
+// and it comes back to this array only after every CTA has read it.
+template <int kSplit>
+__device__ __forceinline__ float cluster_softmax_factor(float m, float s, float2* pairs) {
+#if JAXCRAFT_NORM_HAS_CLUSTERS
+  if (threadIdx.x < kSplit)
+    *cooperative_groups::this_cluster().map_shared_rank(pairs + norm::cluster_rank<kSplit>(),
+                                                        static_cast<int>(threadIdx.x)) = make_float2(m, s);
+#endif
+  norm::cluster_sync();
+  float row_max = pairs[0].x;
+#pragma unroll
+  for (int r = 1; r < kSplit; ++r) row_max = fmaxf(row_max, pairs[r].x);
+  float row_sum = 0.f;
+#pragma unroll
+  for (int r = 0; r < kSplit; ++r) row_sum += pairs[r].y * expf(pairs[r].x - row_max);
+  return expf(m - row_max) / row_sum;
+}
+
 // kMasked: p.mask is set (its bytes travel through the ring beside x);
 // without it every element is kept and the per-element selects go away.
 template <typename T, int kGroup, int kVecs, bool kMasked, int kSplit>
@@ -45,7 +70,8 @@ __global__ void __launch_bounds__(block_threads<kGroup>())
   using Ring = RowRing<T, block_threads<kGroup>(), kVecs>;
   extern __shared__ __align__(kVecBytes) unsigned char ring_smem[];
   __shared__ float slots[2][kGroup / kWarp];  // the block's max, then sum
-  __shared__ float cta_slots[2][kSplit];      // the cluster's
+  __shared__ float2 cta_pairs[2][kSplit];     // the cluster's (max, sum) pairs, by row parity
+  int parity = 0;
   const Ring ring(ring_smem);
   // kMasked: the mask's kN bytes per vector, in a ring of the same slots after x's.
   uint8_t* mask_ring = ring_smem + stages * Ring::kStageBytes;
@@ -101,23 +127,30 @@ __global__ void __launch_bounds__(block_threads<kGroup>())
     // M = -inf: nothing kept (every e = 0, y = 0), or kept values all -inf
     // (NaN, as jax). M = +inf, or a NaN among the kept values, makes the
     // sum and so the row NaN, as jax.
-    m = cluster_reduce<kSplit>(group_reduce<kGroup>(m, slots[0], Max{}), cta_slots[0], Max{});
-    const float m_log2e = m * kLog2e;
+    // kSplit > 1: e = exp(x - m) with this CTA's max m, and one cluster
+    // exchange of (m, sum) pairs per row (cluster_softmax_factor) in place
+    // of one for the max and one for the sum. Where m = -inf the CTA's
+    // kept values are all -inf (or none): e = exp(x - inf) = 0, and the
+    // pairs make the row NaN only if the whole row's are.
+    m = group_reduce<kGroup>(m, slots[0], Max{});
+    const float m_exp = kSplit > 1 && m == -CUDART_INF_F ? CUDART_INF_F : m;
+    const float m_log2e = m_exp * kLog2e;
     float s = 0.f;
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
       if constexpr (kMasked) {
 #pragma unroll
-        for (int j = 0; j < kN; ++j) e[i][j] = keep[i] >> j & 1u ? exp_shifted<T>(e[i][j], m, m_log2e) : 0.f;
+        for (int j = 0; j < kN; ++j) e[i][j] = keep[i] >> j & 1u ? exp_shifted<T>(e[i][j], m_exp, m_log2e) : 0.f;
       } else if (keep[i]) {
 #pragma unroll
-        for (int j = 0; j < kN; ++j) e[i][j] = exp_shifted<T>(e[i][j], m, m_log2e);
+        for (int j = 0; j < kN; ++j) e[i][j] = exp_shifted<T>(e[i][j], m_exp, m_log2e);
       }
 #pragma unroll
       for (int j = 0; j < kN; ++j) s += e[i][j];
     }
-    const float factor =
-        1.f / cluster_reduce<kSplit>(group_reduce<kGroup>(s, slots[1], Sum{}), cta_slots[1], Sum{});
+    s = group_reduce<kGroup>(s, slots[1], Sum{});
+    const float factor = kSplit == 1 ? 1.f / s : cluster_softmax_factor<kSplit>(m, s, cta_pairs[parity]);
+    parity ^= 1;
     T* yr = y + row * p.cols;
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
