@@ -63,9 +63,10 @@ GATED_OPS = ("swiglu", "geglu")
 #         935 / 953, 3363 / 3540, 5667 / 5756, 5745 / 5834. On the H100 the
 #         older kernel already tied XLA's forward, and its "mlp fwd" was
 #         faster (1610 / 1773 us, gelu 14336). So the tanh forms run the
-#         kernel forward. The erf forms keep XLA's: the kernel's erfcf costs
-#         ~45 instructions per element (geglu-erf forward at 67% of copy on
-#         the H200), and they were not measured against XLA in JAX.
+#         kernel forward. The erf forms keep XLA's forward: they were not
+#         measured against XLA in JAX, and the kernel's erf form is still
+#         issue-bound (~33 instructions per element; the gelu forward at 65%
+#         of copy on the H200, geglu at 89%).
 #   cpu:  XLA everywhere. Measured on a 2-core AVX2 machine, [1024, 4096]
 #         outputs, bf16 (f32 alike): forward kernel / XLA 5.2 / 2.5 ms (gelu),
 #         8.3 / 4.9 (swiglu), 20-37 / 3.7-5 (erf forms: scalar libm erfcf in
