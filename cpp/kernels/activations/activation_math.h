@@ -47,7 +47,6 @@ JAXCRAFT_ACT_FN float clamp_square(float h) {
 // results) like it. NaN inputs give a finite value: every caller multiplies
 // by its own input, which carries the NaN.
 inline float host_expf(float x) {
-  constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kLn2Hi = 0.693359375f;         // 8 significant bits: n * kLn2Hi is exact
   constexpr float kLn2Lo = -2.12194440e-4f;      // ln2 - kLn2Hi
   constexpr float kRound = 12582912.f;           // 1.5 * 2^23: adding it rounds to an integer
@@ -74,11 +73,12 @@ inline float host_expf(float x) {
   return x > kMaxArg ? HUGE_VALF : (x < kMinArg ? 0.f : result);
 }
 
-// exp, the sigmoid's reciprocal and erfc: device_math.h's approximations in
-// CUDA code (the GELU kernels are issue-bound on the H200: with __expf and
-// __frcp_rn, whose range checks and slow-path call cost more than the math,
-// the tanh form took about 29 instructions per element, now 13), the
-// vectorizable exp, the exact division and libm's erfcf on the host.
+// exp, the sigmoid's reciprocal and erfc: the hardware approximations
+// (common/fast_math.cuh, device_math.h) in CUDA code (the GELU kernels are
+// issue-bound on the H200: with __expf and __frcp_rn, whose range checks and
+// slow-path call cost more than the math, the tanh form took about 29
+// instructions per element, now 13), the vectorizable exp, the exact
+// division and libm's erfcf on the host.
 // - exp: ex2.approx's 2^-22 relative, plus |x| x 6e-8 from rounding
 //   x log2(e), the size of what rounding x itself already carries. Results
 //   below 2^-126 flush to zero; every caller adds them to 1 or multiplies
@@ -88,8 +88,7 @@ inline float host_expf(float x) {
 //   1 / inf = 0 as needed when e overflows.
 JAXCRAFT_ACT_FN float act_exp(float x) {
 #ifdef __CUDA_ARCH__
-  constexpr float kLog2e = 1.44269504088896341f;
-  return approx_exp2(x * kLog2e);
+  return fast_exp2(x * kLog2e);
 #else
   return host_expf(x);
 #endif
@@ -97,7 +96,7 @@ JAXCRAFT_ACT_FN float act_exp(float x) {
 
 JAXCRAFT_ACT_FN float act_reciprocal(float x) {
 #ifdef __CUDA_ARCH__
-  return approx_rcp(x);
+  return fast_rcp(x);
 #else
   return 1.f / x;
 #endif

@@ -1,6 +1,5 @@
-// The CUDA side of activation_math.h: single-instruction exp2 and
-// reciprocal, and erfc. The GELU kernels are issue-bound on the H200, so
-// each instruction saved is time saved.
+// The CUDA side of activation_math.h's erfc. The GELU kernels are
+// issue-bound on the H200, so each instruction saved is time saved.
 //
 // device_erfc: erfc(x) and exp(-x^2) in about 30 instructions where CUDA's
 // erfcf takes about 45 (the geglu-erf forward ran at 67% of copy with it).
@@ -18,31 +17,18 @@
 // callers multiply by x, which carries the NaN).
 #pragma once
 
+#include "common/fast_math.cuh"
+
 #ifdef __CUDACC__
 namespace jaxcraft {
 namespace activation {
 
-// rcp.approx.ftz: at most 1 ulp (PTX ISA); ex2.approx.ftz: 2^-22 relative,
-// results below 2^-126 flushed to zero.
-__device__ __forceinline__ float approx_rcp(float x) {
-  float y;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ float approx_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 __device__ __forceinline__ float device_erfc(float x, float& gauss) {
   constexpr float kMaxArg = 10.1f;
-  constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kLog2eLo = 1.925963e-08f;  // log2(e) - kLog2e
   constexpr float kLn2 = 0.693147180559945f;
   const float a = fminf(fabsf(x), kMaxArg);
-  const float t = (a - 4.f) * approx_rcp(a + 4.f);
+  const float t = (a - 4.f) * fast_rcp(a + 4.f);
   float p = 4.423852544e-03f;
   p = fmaf(p, t, -1.818958297e-02f);
   p = fmaf(p, t, 3.641958162e-02f);
@@ -58,9 +44,9 @@ __device__ __forceinline__ float device_erfc(float x, float& gauss) {
   float lo = fmaf(-s, kLog2e, -hi);
   lo = fmaf(-s, kLog2eLo, lo);
   lo = fmaf(-s_err, kLog2e, lo);
-  const float e = approx_exp2(hi);
+  const float e = fast_exp2(hi);
   gauss = fmaf(e * lo, kLn2, e);  // 2^(hi + lo) = 2^hi (1 + lo ln 2)
-  const float y = p * approx_rcp(fmaf(2.f, a, 1.f)) * gauss;
+  const float y = p * fast_rcp(fmaf(2.f, a, 1.f)) * gauss;
   return x < 0.f ? 2.f - y : y;
 }
 

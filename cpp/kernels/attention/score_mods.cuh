@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 
 #include "common/dtype.h"
+#include "common/fast_math.cuh"
 #include "common/philox.h"
 #include "kernels/attention/kernel_args.h"
 
@@ -15,6 +16,17 @@ namespace attn {
 // cap * tanh(x / cap). tanhf, not tanh.approx: the approximation's 2^-11
 // relative error would show in float32-accumulated logits.
 __device__ __forceinline__ float soft_cap(float x, float cap) { return cap * tanhf(x / cap); }
+
+// cap * tanh(x / cap) as cap - 2 cap / (1 + e^(2 x / cap)): one ex2.approx
+// and one rcp.approx (each ~2^-22 relative), so the absolute error is about
+// cap * 2^-21 (tanh.approx's 2^-11 relative error would show). Saturates
+// cleanly: e = inf gives cap, e = 0 gives -cap. The portable and the Hopper
+// kernels, forward and backward, all use this one function, so recomputed
+// logits match the ones the forward's lse was taken over.
+__device__ __forceinline__ float soft_cap_fast(float x, float cap, float inv_cap) {
+  const float e = fast_exp2(x * (2.f * kLog2e) * inv_cap);
+  return fmaf(-2.f * cap, fast_rcp(1.f + e), cap);
+}
 
 // d(capped)/dx from the capped value itself: 1 - tanh^2 = 1 - (capped / cap)^2.
 __device__ __forceinline__ float soft_cap_grad(float capped, float cap) {

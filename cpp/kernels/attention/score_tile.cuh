@@ -41,19 +41,6 @@ auto dispatch_feat_level(const MaskArgs& m, const ScoreArgs& s, Run&& run) {
   }
 }
 
-// cap * tanh(x / cap) as cap - 2 cap / (1 + e^(2 x / cap)): one ex2.approx
-// and one rcp.approx (each ~2^-22 relative), so the absolute error is about
-// cap * 2^-21 (tanh.approx's 2^-11 relative error would show). Saturates
-// cleanly: e = inf gives cap, e = 0 gives -cap. The forward and both
-// backward kernels use this same function, so the recomputed logits match
-// the ones the forward's lse was taken over.
-__device__ __forceinline__ float soft_cap_fast(float x, float cap, float inv_cap) {
-  const float e = fast_exp2(x * (2.f * kLog2e) * inv_cap);
-  float r;
-  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(1.f + e));
-  return fmaf(-2.f * cap, r, cap);
-}
-
 __device__ __forceinline__ uint32_t keep_nibble(const Philox4& w, uint32_t threshold) {
   return uint32_t(w.x[0] >= threshold) | uint32_t(w.x[1] >= threshold) << 1 |
          uint32_t(w.x[2] >= threshold) << 2 | uint32_t(w.x[3] >= threshold) << 3;

@@ -3,20 +3,13 @@
 #pragma once
 #include <cmath>
 
+#include "common/fast_math.cuh"
 #include "kernels/attention/mma_sm80.cuh"
 
 namespace jaxcraft {
 namespace attn {
 
-constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-
-// ex2.approx: 2 ulp, one MUFU op; exp2(-inf) = +0, which is what masking needs.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // The running max only moves (and O is only rescaled) once some row's max
 // has grown by more than this many powers of two: until then probabilities

@@ -11,6 +11,7 @@
 
 #include "common/cp_async.cuh"
 #include "common/dependent_launch.cuh"
+#include "common/fast_math.cuh"
 #include "common/fast_divmod.h"
 #include "kernels/decode/params.h"
 
@@ -18,7 +19,6 @@ namespace jaxcraft {
 namespace decode {
 
 constexpr int kWarpSize = 32;
-constexpr float kLog2e = 1.4426950408889634f;  // exp(x) = exp2(x * log2(e))
 constexpr float kNegInf = -__builtin_huge_valf();
 
 // DecodeParams plus what the launcher decided: the kernels read everything

@@ -8,13 +8,12 @@
 // reduces the row max, then the sum of exp(x - max). Needs
 // cols % (16 / sizeof(T)) == 0 and 16-byte aligned buffers.
 #pragma once
+#include "common/fast_math.cuh"
 #include "kernels/softmax/row_ring.cuh"
 #include "kernels/softmax/softmax_common.cuh"
 
 namespace jaxcraft {
 namespace softmax {
-
-constexpr float kLog2e = 1.4426950408889634f;  // exp(x) = 2^(x log2(e))
 
 // exp(x - m) for an output stored as T, m_log2e = m log2(e). 16-bit outputs
 // keep 8-11 bits, so one FFMA and MUFU.EX2 (ex2.approx, ~2^-22 relative) is
@@ -27,9 +26,7 @@ __device__ __forceinline__ float exp_shifted(float x, float m, float m_log2e) {
   if constexpr (sizeof(T) == sizeof(float)) {
     return expf(x - m);
   } else {
-    float e;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(fmaf(x, kLog2e, -m_log2e)));
-    return e;
+    return fast_exp2(fmaf(x, kLog2e, -m_log2e));
   }
 }
 

@@ -80,18 +80,6 @@ __device__ __forceinline__ float bias_at(const void* bias, bool f32, long long a
     return __half2float(v);
 }
 
-// cap * tanh(x / cap) as cap - 2 cap / (1 + e^(2 x / cap)): one ex2.approx
-// and one rcp.approx (each about 2^-22 relative), so the absolute error is
-// about cap * 2^-21, far below what tanhf's extra work buys and nothing like
-// tanh.approx's 2^-11 relative. Saturates cleanly: e = inf gives cap, e = 0
-// gives -cap.
-__device__ __forceinline__ float fast_soft_cap(float x, float cap, float inv_cap) {
-  const float e = fast_exp2(x * (2.f * kLog2e) * inv_cap);
-  float r;
-  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(1.f + e));
-  return fmaf(-2.f * cap, r, cap);
-}
-
 // Bias elements `at` and `at` + 1 as floats, in one 4-byte (16-bit bias) or
 // 8-byte (float32) load; callers check bias_pairs_aligned and keep `at` even.
 template <DType kDt>
@@ -115,7 +103,7 @@ __device__ __forceinline__ float capped_logit(float s, float scale, float cap, f
 #ifdef JAXCRAFT_SM90_TANHF
   return cap > 0.f ? cap * tanhf(x * inv_cap) : x;
 #else
-  return cap > 0.f ? fast_soft_cap(x, cap, inv_cap) : x;
+  return cap > 0.f ? soft_cap_fast(x, cap, inv_cap) : x;
 #endif
 }
 
