@@ -910,29 +910,31 @@ void fwd_sm90_variants(int B, int S, bool causal) {
     CHECK(cudaMemset(buf.o2, 0, buf.n * 2));
     const double ms = time_ms([&] { return jaxcraft::attn::sm90::launch_fwd_sm90<DType::kBF16, Cfg>(fa, 0); });
     std::printf("sm90 fwd H%d S%d %s tile %dx%d stages %d overlap %d persistent %d (causal up to %d) "
-                "Q buffers %d O in stage %d: %.3f ms %.1f TFLOP/s maxdiff %.2e\n", H, S,
+                "Q buffers %d O in stage %d split K/V %d: %.3f ms %.1f TFLOP/s maxdiff %.2e\n", H, S,
                 causal ? "causal" : "full  ", Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, Cfg::kOverlap,
-                Cfg::kPersistent, Cfg::kCausalPersistRows, Cfg::kQBufs, Cfg::kOInStage, ms,
+                Cfg::kPersistent, Cfg::kCausalPersistRows, Cfg::kQBufs, Cfg::kOInStage, Cfg::kSplitKV, ms,
                 flops / ms / 1e9, max_diff(buf.o, buf.o2, buf.n));
   };
   (one(Cfgs{}), ...);
 }
 
-// The launcher's Hopper forward tiles against the ones they replaced (one Q
-// buffer and two stages at head dim 64, one CTA per item under a causal
-// mask, O staged in the Q tile) and against causal pairs at head dim 256,
+// The launcher's Hopper forward tiles against alternatives: split K/V
+// barriers at head dims 64 and 128 (with two stages and Q buffers at 128);
+// at head dim 256 the tiles they replaced (one K/V barrier pair per stage,
+// no overlap), O staged in the Q tile, and the split without the overlap;
 // at 16k tokens.
 void fwd_persistent_variants() {
   using namespace jaxcraft::attn::sm90;
   for (bool causal : {false, true})
     for (int S : {512, 1024, 2048, 4096, 8192, 16384}) {
       if (!causal && S > 2048) continue;
-      fwd_sm90_variants<128, FwdTiles<128>::type, FwdConfig<128, 2, 128, 3, true, true, 1, 4096>,
-                        FwdConfig<128, 2, 128, 3, true, true>>(16384 / S, S, causal);
-      fwd_sm90_variants<64, FwdTiles<64>::type, FwdShortCausalTiles<64>::type,
-                        FwdConfig<64, 3, 128, 2, false, true>>(16384 / S, S, causal);
-      fwd_sm90_variants<256, FwdTiles<256>::type, FwdConfig<256, 2, 64, 2, false, true>,
-                        FwdConfig<256, 2, 64, 2, false, true, 1, 1 << 30>>(16384 / S, S, causal);
+      fwd_sm90_variants<128, FwdTiles<128>::type, FwdConfig<128, 2, 128, 3, true, true, 1, 4096, true, true>,
+                        FwdConfig<128, 2, 128, 2, true, true, 2, 4096, false, true>>(16384 / S, S, causal);
+      fwd_sm90_variants<64, FwdTiles<64>::type, FwdConfig<64, 3, 128, 3, false, true, 2, 4096, false, true>>(
+          16384 / S, S, causal);
+      fwd_sm90_variants<256, FwdTiles<256>::type, FwdConfig<256, 2, 64, 2, false, true, 1, 0, true>,
+                        FwdConfig<256, 2, 64, 2, true, true, 1, 0, false, true>,
+                        FwdConfig<256, 2, 64, 2, false, true, 1, 0, true, true>>(16384 / S, S, causal);
     }
 }
 

@@ -55,10 +55,15 @@ namespace sm90 {
 // tile, so the Q tile is released for the next item as soon as this item's
 // last S = Q K^T is in (measured +3-5% at S <= 1024; with one item per CTA
 // the extra barrier cost 0-7%).
+// kSplitKV: K and V of a stage arrive and are released on barriers of their
+// own, K once the tile's scores are masked, V after its P V. The overlapped
+// loop then needs only two stages: tile i + 2's K load waits for tile i's
+// S = Q K^T, not for its P V (head dim 256, where a third stage does not fit).
 template <int kHeadDim_, int kConsumers_, int kBlockN_, int kStages_, bool kOverlap_ = false,
           bool kPersistent_ = false, int kQBufs_ = 1, int kCausalPersistRows_ = 0,
-          bool kOInStage_ = false>
+          bool kOInStage_ = false, bool kSplitKV_ = false>
 struct FwdConfig {
+  static constexpr bool kSplitKV = kSplitKV_;
   static constexpr bool kOInStage = kOInStage_;
   static constexpr bool kOverlap = kOverlap_;
   static constexpr bool kPersistent = kPersistent_;
@@ -76,9 +81,11 @@ struct FwdConfig {
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // one of K or V
   static constexpr int kStageBytes = 2 * kKVBytes;
   static_assert(kQBytes <= kStageBytes, "O fits a stage");
-  // The ring's barriers (its `once` is buffer 0's Q arrival), the other Q
-  // buffers' arrivals and every Q buffer's release.
-  static constexpr int kBarrierBytes = ring_barrier_bytes(kStages) + 8 * (2 * kQBufs - 1);
+  // The ring's barriers (its `once` is buffer 0's Q arrival; with kSplitKV
+  // they serve K, and a second ring's serve V), the other Q buffers'
+  // arrivals and every Q buffer's release.
+  static constexpr int kBarrierBytes =
+      (kSplitKV ? 2 : 1) * ring_barrier_bytes(kStages) + 8 * (2 * kQBufs - 1);
   // + alignment slack: the swizzled tiles need 1024-byte-aligned addresses.
   static constexpr int kSmemBytes =
       kSwizzleAtomBytes + kQAllBytes + kStages * kStageBytes + kBarrierBytes;
@@ -112,7 +119,9 @@ struct FwdConfig {
 // Tiles per head-dim bucket (bf16/f16). Measured in the standalone
 // variants (bench/NOTES.md): two Q buffers and a third stage at head dim 64
 // (+7-16% at S <= 2048), a causal persistent grid up to 4096 queries at 64
-// and 128 (+3-35%; a 1-2% loss beyond, and at head dim 256 everywhere).
+// and 128 (+3-35%; a 1-2% loss beyond, and at head dim 256 everywhere),
+// split K/V barriers and the overlapped loop at head dim 256 (+3-11%; at 64
+// and 128 the split alone changed nothing).
 template <int kHeadDim>
 struct FwdTiles;
 template <>
@@ -120,7 +129,7 @@ struct FwdTiles<64> { using type = FwdConfig<64, 3, 128, 3, false, true, 2, 4096
 template <>
 struct FwdTiles<128> { using type = FwdConfig<128, 2, 128, 3, true, true, 1, 4096, true>; };
 template <>
-struct FwdTiles<256> { using type = FwdConfig<256, 2, 64, 2, false, true, 1, 0, true>; };
+struct FwdTiles<256> { using type = FwdConfig<256, 2, 64, 2, true, true, 1, 0, true, true>; };
 // Plain launches under a causal mask with at most kCausalPersistRows
 // queries: head dim 64 takes 128-query tiles and the overlapped loop there
 // (+7-33% at S <= 1024 over the 192-query tiles, +2% at 2048).
@@ -141,11 +150,14 @@ struct FwdBiasTiles : FwdScoreTiles<kHeadDim> {};
 template <>
 struct FwdBiasTiles<128> { using type = FwdConfig<128, 2, 64, 3, true>; };
 // kDropout instances: the keep test's Philox rounds need the registers the
-// overlapped loop holds for the next tile, so head dim 128 runs without it.
+// overlapped loop holds for the next tile, so head dims 128 and 256 run
+// without it (at 256 it spilled 28 bytes).
 template <int kHeadDim>
 struct FwdDropoutTiles : FwdScoreTiles<kHeadDim> {};
 template <>
 struct FwdDropoutTiles<128> { using type = FwdConfig<128, 2, 128, 2>; };
+template <>
+struct FwdDropoutTiles<256> { using type = FwdConfig<256, 2, 64, 2, false, true, 1, 0, true>; };
 
 struct FwdSm90Args {
   CUtensorMap q_map;  // box kBlockM rows
@@ -181,13 +193,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const uint32_t q_sa = swizzle_aligned(smem_raw);
   const uint32_t kv_sa = q_sa + Cfg::kQAllBytes;
   const RingBarriers<kStages> ring{kv_sa + kStages * Cfg::kStageBytes};
+  // V's barriers: a ring of their own with kSplitKV, else the same as K's.
+  const RingBarriers<kStages> vring{ring.base + (Cfg::kSplitKV ? RingBarriers<kStages>::kBytes : 0)};
   // This CTA's n-th work item uses Q buffer n % kQBufs for the (n /
   // kQBufs)-th time. q_full: the TMA bytes' arrival; q_empty: the release
   // for a later item, one arrive per consumer warpgroup once its O store
   // has read its rows of the buffer (with O in the stage: one per consumer
   // warp once its last S = Q K^T is in).
   constexpr int kQBufs = Cfg::kQBufs;
-  const uint32_t q_bars = ring.base + RingBarriers<kStages>::kBytes;
+  const uint32_t q_bars = vring.base + RingBarriers<kStages>::kBytes;
   auto q_tile = [&](int n) { return q_sa + (n % kQBufs) * Cfg::kQBytes; };
   auto q_full = [&](int n) { return n % kQBufs == 0 ? ring.once() : q_bars + 8 * (kQBufs + n % kQBufs - 1); };
   auto q_empty = [&](int n) { return q_bars + 8 * (n % kQBufs); };
@@ -217,8 +231,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       mbar_init(q_empty(qb), Cfg::kConsumers * (p.o_in_stage ? 4 : 1));
       if (qb > 0) mbar_init(q_full(qb), 1);
     }
-    ring.init(kFeat == kPlain ? 1 : 1 + kWarpSize,
-              Cfg::kConsumers * (kFeat == kPlain ? 4 : kWarpgroupThreads));
+    const int empty_arrivals = Cfg::kConsumers * (kFeat == kPlain ? 4 : kWarpgroupThreads);
+    ring.init(kFeat == kPlain ? 1 : 1 + kWarpSize, empty_arrivals);
+    if (Cfg::kSplitKV) vring.init(1, empty_arrivals);
   }
   __syncthreads();
 
@@ -278,6 +293,29 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                   wk.head, wk.m0, wk.b);
   };
 
+  // Producer thread: key tile nt's K (and `extra` bytes more on its
+  // barrier) and V into stage s of ring use `it`, once the stage's K half
+  // is free; with kSplitKV, V waits for its own half.
+  auto load_k = [&](int it, int nt, const Work& wk, uint32_t extra) {
+    const int s = ring.stage(it);
+    mbar_arrive_expect_tx(ring.full(s), (Cfg::kSplitKV ? Cfg::kKVBytes : Cfg::kStageBytes) + extra);
+#pragma unroll
+    for (int cb = 0; cb < kCB; ++cb)
+      tma_load_4d(k_tile(s) + cb * col_block_bytes<kBN>(), &p.k_map, ring.full(s),
+                  cb * kSwizzleCols, wk.kv_head, nt * kBN, wk.b);
+  };
+  auto load_v = [&](int it, int nt, const Work& wk) {
+    const int s = ring.stage(it);
+    if constexpr (Cfg::kSplitKV) {
+      vring.wait_free(it);
+      mbar_arrive_expect_tx(vring.full(s), Cfg::kKVBytes);
+    }
+#pragma unroll
+    for (int cb = 0; cb < kCB; ++cb)
+      tma_load_4d(v_tile(s) + cb * col_block_bytes<kBN>(), &p.v_map, vring.full(s),
+                  cb * kSwizzleCols, wk.kv_head, nt * kBN, wk.b);
+  };
+
   if (wg == 0) {
     setmaxnreg_dec<Cfg::kProducerRegs>();
     if constexpr (kFeat == kPlain) {
@@ -291,16 +329,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           // Q after this item's first K/V tile, whose stage frees up earlier.
           if (wk.t_begin == wk.t_end) load_q(n, wk);
           for (int nt = wk.t_begin; nt < wk.t_end; ++nt, ++it) {
-            const int s = ring.stage(it);
             ring.wait_free(it);
-            mbar_arrive_expect_tx(ring.full(s), Cfg::kStageBytes);
-#pragma unroll
-            for (int cb = 0; cb < kCB; ++cb) {
-              tma_load_4d(k_tile(s) + cb * col_block_bytes<kBN>(), &p.k_map, ring.full(s),
-                          cb * kSwizzleCols, wk.kv_head, nt * kBN, wk.b);
-              tma_load_4d(v_tile(s) + cb * col_block_bytes<kBN>(), &p.v_map, ring.full(s),
-                          cb * kSwizzleCols, wk.kv_head, nt * kBN, wk.b);
-            }
+            load_k(it, nt, wk, 0);
+            load_v(it, nt, wk);
             if (nt == wk.t_begin) load_q(n, wk);
           }
           cur = next_item(cur, wk);
@@ -320,7 +351,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       int it = 0, n = 0;
       for (Cursor cur{int(blockIdx.x), 0}; cur.unit < p.units; ++n) {
         const Work wk = work_at(cur);
-        const int m0 = wk.m0, head = wk.head, b = wk.b, kv_head = wk.kv_head;
+        const int m0 = wk.m0, head = wk.head, b = wk.b;
         const int t_begin = wk.t_begin, t_end = wk.t_end;
         if (tid == 0) load_q(n, wk);
         const int32_t* kv_ids = a.mask.q_segment_ids != nullptr
@@ -339,18 +370,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           const int s = ring.stage(it);
           ring.wait_free(it);
           if (tid == 0) {
-            mbar_arrive_expect_tx(ring.full(s),
-                                  Cfg::kStageBytes + (kFeat == kBias ? bias_tile_bytes : 0));
-#pragma unroll
-            for (int cb = 0; cb < kCB; ++cb) {
-              tma_load_4d(k_tile(s) + cb * col_block_bytes<kBN>(), &p.k_map, ring.full(s),
-                          cb * kSwizzleCols, kv_head, nt * kBN, b);
-              tma_load_4d(v_tile(s) + cb * col_block_bytes<kBN>(), &p.v_map, ring.full(s),
-                          cb * kSwizzleCols, kv_head, nt * kBN, b);
-            }
+            load_k(it, nt, wk, kFeat == kBias ? bias_tile_bytes : 0);
             if constexpr (kFeat == kBias)  // rows m0.., keys nt kBN..
               load_bias_tile<kBM, kBN>(bias_tile(s), &p.bias_map, ring.full(s), a.scores, nt * kBN,
                                        m0, head, b);
+            load_v(it, nt, wk);
           }
           if (kv_ids != nullptr) {
             int lo = v[0], hi = v[0];
@@ -393,7 +417,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto release_stored = [&] {
     if (kLateRelease && stored_stage >= 0) {
       tma_store_wait_read();
-      mbar_arrive(ring.empty(stored_stage), 4);  // one per warp, as release() counts
+      mbar_arrive(ring.empty(stored_stage), 4);  // one per warp, as release_*() count
+      if (Cfg::kSplitKV) mbar_arrive(vring.empty(stored_stage), 4);
       stored_stage = -1;
     }
   };
@@ -598,6 +623,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     uint32_t pa[kBN / 16][4];
     auto issue_pv = [&](int it) {
       const int s = ring.stage(it0 + it);
+      if constexpr (Cfg::kSplitKV) vring.wait_full(it0 + it);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBN / kWgmmaK; ++kk) {
@@ -611,8 +637,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       for (int kk = 0; kk < kBN / 16; ++kk) acc_to_a<kDt>(pa[kk], sc[0][2 * kk], sc[0][2 * kk + 1]);
     };
 
-    auto release = [&](int it) {
-      if (kFeat != kPlain || lane == 0) mbar_arrive(ring.empty(ring.stage(it0 + it)));
+    // The stage of ring step it: its K half (kSplitKV only; the feature
+    // instances' segment ids and bias tile ride with K) once the scores are
+    // masked, its V half (the whole stage otherwise) once P V has landed.
+    auto release_k = [&](int it) {
+      if (Cfg::kSplitKV && (kFeat != kPlain || lane == 0)) mbar_arrive(ring.empty(ring.stage(it0 + it)));
+    };
+    auto release_v = [&](int it) {
+      if (kFeat != kPlain || lane == 0) mbar_arrive(vring.empty(ring.stage(it0 + it)));
     };
 
     // kDropout: zero the dropped probabilities of tile nt (after the row sums
@@ -656,8 +688,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     auto q_read = [&](int it) {
       if (o_in_stage && it == n_tiles - 1 && lane == 0) mbar_arrive(q_empty(n));
     };
-    auto release_read = [&](int it) {
-      if (!o_in_stage || it < n_tiles - 1) release(it);
+    auto keep_stage = [&](int it) { return o_in_stage && it == n_tiles - 1; };
+    auto keys_read = [&](int it) {
+      if (!keep_stage(it)) release_k(it);
+    };
+    auto values_read = [&](int it) {
+      if (!keep_stage(it)) release_v(it);
     };
     if constexpr (!Cfg::kOverlap) {
       for (int it = 0; it < n_tiles; ++it) {
@@ -667,6 +703,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         wgmma_wait<0>();
         q_read(it);
         mask_scores(t_begin + it);
+        keys_read(it);
         float corr[1][2];
         if (online_softmax_step(sc, row_max, row_sum, corr, softmax_scale)) rescale_rows(o, corr);
         drop_probs(t_begin + it);
@@ -674,7 +711,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         issue_pv(it);
         wgmma_wait<0>();
         fence_operands(o[0]);
-        release_read(it);
+        values_read(it);
       }
     }
     // Software-pipelined within the warpgroup: tile it's scores are computed
@@ -687,6 +724,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       wgmma_wait<0>();
       q_read(0);
       mask_scores(t_begin);
+      keys_read(0);
       float corr[1][2];
       online_softmax_step(sc, row_max, row_sum, corr, softmax_scale);  // O is still 0
       drop_probs(t_begin);
@@ -699,12 +737,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       wgmma_wait<1>();
       q_read(it);
       mask_scores(t_begin + it);
+      keys_read(it);
       float corr[1][2];
       const bool rescale = online_softmax_step(sc, row_max, row_sum, corr, softmax_scale);
       drop_probs(t_begin + it);
       wgmma_wait<0>();
       fence_operands(o[0]);
-      release(it - 1);
+      release_v(it - 1);
       if (rescale) rescale_rows(o, corr);
       pack_probs();
     }
@@ -712,7 +751,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       issue_pv(n_tiles - 1);
       wgmma_wait<0>();
       fence_operands(o[0]);
-      release_read(n_tiles - 1);
+      values_read(n_tiles - 1);
     }
 
     // Epilogue: normalize, write the logsumexp, stage O (16-bit, swizzled)
@@ -776,7 +815,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (p.o_in_stage && !late_release) {
       named_barrier_sync(1 + c, kWarpgroupThreads);  // the store has read the staged O
       if (o_in_stage) {
-        release(n_tiles - 1);
+        release_k(n_tiles - 1);
+        release_v(n_tiles - 1);
       } else if (lane == 0) {
         mbar_arrive(q_empty(n));
       }
