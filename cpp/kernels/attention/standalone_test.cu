@@ -921,8 +921,8 @@ void fwd_sm90_variants(int B, int S, bool causal) {
 // The launcher's Hopper forward tiles against alternatives: split K/V
 // barriers at head dims 64 and 128 (with two stages and Q buffers at 128);
 // at head dim 256 the tiles they replaced (one K/V barrier pair per stage,
-// no overlap), O staged in the Q tile, and the split without the overlap;
-// at 16k tokens.
+// no overlap), O staged in the Q tile, and one CTA per item under a causal
+// mask; at 16k tokens.
 void fwd_persistent_variants() {
   using namespace jaxcraft::attn::sm90;
   for (bool causal : {false, true})
@@ -934,7 +934,7 @@ void fwd_persistent_variants() {
           16384 / S, S, causal);
       fwd_sm90_variants<256, FwdTiles<256>::type, FwdConfig<256, 2, 64, 2, false, true, 1, 0, true>,
                         FwdConfig<256, 2, 64, 2, true, true, 1, 0, false, true>,
-                        FwdConfig<256, 2, 64, 2, false, true, 1, 0, true, true>>(16384 / S, S, causal);
+                        FwdConfig<256, 2, 64, 2, true, true, 1, 0, true, true>>(16384 / S, S, causal);
     }
 }
 
