@@ -1,31 +1,15 @@
-// Host side of thread-block clusters (sm_90+): whether a kernel can run as
-// clusters on a device, and the launch configuration that groups a 1-D grid
-// into clusters of `split` consecutive blocks.
+// Host side of thread-block clusters (sm_90+; whether a kernel can run as
+// clusters: runs_sm90_code): the launch configuration that groups a 1-D
+// grid into clusters of `split` consecutive blocks.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <utility>
 
+#include "common/sm90_code.h"
+
 namespace jaxcraft {
-
-constexpr int kClusterMajor = 9;
-
-// Whether `kernel` runs as clusters on `device`: the device is sm_90+ and the
-// image the runtime loaded for it came from sm_90+ code (a newer GPU may JIT
-// older PTX, in which cluster kernels compile to nothing).
-template <typename Kernel>
-cudaError_t runs_clusters(Kernel* kernel, int device, bool* out) {
-  int major = 0;
-  cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (err != cudaSuccess) return err;
-  *out = false;
-  if (major < kClusterMajor) return cudaSuccess;
-  cudaFuncAttributes attrs;
-  if ((err = cudaFuncGetAttributes(&attrs, kernel)) != cudaSuccess) return err;
-  *out = attrs.ptxVersion >= kClusterMajor * 10;
-  return cudaSuccess;
-}
 
 // `blocks` blocks of `threads` threads in clusters of `split` (plain blocks
 // when split == 1). Not copyable: the configuration points at its attribute.

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "common/device_cache.h"
+#include "common/sm90_code.h"
 
 namespace jaxcraft {
 
@@ -30,18 +31,18 @@ __device__ __forceinline__ void allow_dependent_grids() {
 }
 
 // Launches kernel<<<grid, threads, smem, stream>>>(args...), as a dependent
-// launch where the loaded image of `kernel` was built for sm_90+ (an image
-// JIT-compiled from older PTX has no wait in it, so it must not start early).
+// launch where `kernel` runs sm_90+ code (an image JIT-compiled from older
+// PTX has no wait in it, so it must not start early).
 // `cache`: the caller's per-device answer for this kernel (1 no, 2 yes).
 template <typename... Params, typename... Args>
 cudaError_t launch_dependent(std::atomic<int> (&cache)[kMaxCachedDevices], void (*kernel)(Params...),
                              dim3 grid, dim3 threads, size_t smem, cudaStream_t stream,
                              Args&&... args) {
   int early = 0;
-  cudaError_t err = per_device(cache, [&](int, int* v) {
-    cudaFuncAttributes attrs;
-    const cudaError_t e = cudaFuncGetAttributes(&attrs, kernel);
-    *v = e == cudaSuccess && attrs.ptxVersion >= 90 ? 2 : 1;
+  cudaError_t err = per_device(cache, [&](int device, int* v) {
+    bool yes = false;
+    const cudaError_t e = runs_sm90_code(kernel, device, &yes);
+    *v = yes ? 2 : 1;
     return e;
   }, &early);
   if (err != cudaSuccess) return err;

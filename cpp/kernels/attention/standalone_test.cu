@@ -918,23 +918,21 @@ void fwd_sm90_variants(int B, int S, bool causal) {
   (one(Cfgs{}), ...);
 }
 
-// The launcher's Hopper forward tiles against alternatives: split K/V
-// barriers at head dims 64 and 128 (with two stages and Q buffers at 128);
-// at head dim 256 the tiles they replaced (one K/V barrier pair per stage,
-// no overlap), O staged in the Q tile, and one CTA per item under a causal
-// mask; at 16k tokens.
+// The launcher's Hopper forward tiles against alternatives, at 16k tokens:
+// at head dim 64 the short causal rows' tiles (two consumers, overlapped)
+// at every shape, the overlapped loop with three consumers, and a fourth
+// stage; at head dim 256 the tiles the split K/V ring replaced (no overlap,
+// one CTA per item under a causal mask).
 void fwd_persistent_variants() {
   using namespace jaxcraft::attn::sm90;
   for (bool causal : {false, true})
     for (int S : {512, 1024, 2048, 4096, 8192, 16384}) {
-      if (!causal && S > 2048) continue;
-      fwd_sm90_variants<128, FwdTiles<128>::type, FwdConfig<128, 2, 128, 3, true, true, 1, 4096, true, true>,
-                        FwdConfig<128, 2, 128, 2, true, true, 2, 4096, false, true>>(16384 / S, S, causal);
-      fwd_sm90_variants<64, FwdTiles<64>::type, FwdConfig<64, 3, 128, 3, false, true, 2, 4096, false, true>>(
+      fwd_sm90_variants<128, FwdTiles<128>::type>(16384 / S, S, causal);
+      fwd_sm90_variants<64, FwdTiles<64>::type, FwdShortCausalTiles<64>::type,
+                        FwdConfig<64, 3, 128, 3, true, true, 2, 4096>,
+                        FwdConfig<64, 2, 128, 4, true, true, 2, 2048>>(16384 / S, S, causal);
+      fwd_sm90_variants<256, FwdTiles<256>::type, FwdConfig<256, 2, 64, 2, false, true, 1, 0, true>>(
           16384 / S, S, causal);
-      fwd_sm90_variants<256, FwdTiles<256>::type, FwdConfig<256, 2, 64, 2, false, true, 1, 0, true>,
-                        FwdConfig<256, 2, 64, 2, true, true, 1, 0, false, true>,
-                        FwdConfig<256, 2, 64, 2, true, true, 1, 0, true, true>>(16384 / S, S, causal);
     }
 }
 

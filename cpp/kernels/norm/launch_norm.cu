@@ -87,7 +87,7 @@ cudaError_t has_clusters(bool* result) {
   int answer = 0;
   const cudaError_t err = per_device(cache, [](int device, int* v) {
     bool yes = false;
-    const cudaError_t e = runs_clusters(norm::norm_fwd_rows_kernel<float, 256, 4, kMaxSplit>, device, &yes);
+    const cudaError_t e = runs_sm90_code(norm::norm_fwd_rows_kernel<float, 256, 4, kMaxSplit>, device, &yes);
     *v = yes ? 2 : 1;
     return e;
   }, &answer);

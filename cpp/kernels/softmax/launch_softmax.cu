@@ -141,7 +141,7 @@ cudaError_t resident_walkers(int device, int threads, int smem, int smem_limit, 
     walkers = std::max(per_sm, 1) * sms;
   } else {
     bool clusters = false;
-    if ((err = runs_clusters(kKernel, device, &clusters)) != cudaSuccess) return err;
+    if ((err = runs_sm90_code(kKernel, device, &clusters)) != cudaSuccess) return err;
     if (clusters &&
         (err = ClusterLaunch(kSplit, kSplit, threads, smem, nullptr).max_active_clusters(kKernel, &walkers)) !=
             cudaSuccess)
