@@ -20,18 +20,22 @@ def _check(platform, q, k, v, bias=None, grads=True, **kw):
   """Output and gradients (q, k, v and bias) within 2x the error of the
   input-dtype reference, against the float32 reference at highest precision."""
   up = lambda a: None if a is None else a.astype(jnp.float32)
+  # The kernel and the float32 reference jitted, the input-dtype reference
+  # op by op, as in test_attention.py.
+  out = lambda impl: jax.jit(lambda q, k, v, b: _attn(impl, q, k, v, b, **kw))
   with jax.default_matmul_precision("highest"):
-    ref = _attn("xla", up(q), up(k), up(v), up(bias), **kw)
-  assert_parity(_attn(platform, q, k, v, bias, **kw), _attn("xla", q, k, v, bias, **kw), ref)
+    ref = out("xla")(up(q), up(k), up(v), up(bias))
+  assert_parity(out(platform)(q, k, v, bias), _attn("xla", q, k, v, bias, **kw), ref)
   if not grads:
     return
   argnums = (0, 1, 2) + ((3,) if bias is not None else ())
   loss = lambda impl: lambda q, k, v, b: jnp.sum(
       jnp.sin(_attn(impl, q, k, v, b, **kw).astype(jnp.float32)))
-  got = jax.grad(loss(platform), argnums)(q, k, v, bias)
-  lowp = jax.grad(loss("xla"), argnums)(q, k, v, bias)
+  grad = lambda impl: jax.grad(loss(impl), argnums)
+  got = jax.jit(grad(platform))(q, k, v, bias)
+  lowp = grad("xla")(q, k, v, bias)
   with jax.default_matmul_precision("highest"):
-    ref = jax.grad(loss("xla"), argnums)(up(q), up(k), up(v), up(bias))
+    ref = jax.jit(grad("xla"))(up(q), up(k), up(v), up(bias))
   for name, g, l, r in zip(["dq", "dk", "dv", "dbias"], got, lowp, ref):
     assert np.all(np.isfinite(f64(g))), name
     assert_parity(g, l, r, name=name)
