@@ -294,9 +294,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                   wk.head, wk.m0, wk.b);
   };
 
-  // Producer thread: key tile nt's K (and `extra` bytes more on its
-  // barrier) and V into stage s of ring use `it`, once the stage's K half
-  // is free; with kSplitKV, V waits for its own half.
+  // Producer thread: key tile nt's K (its barrier also expecting `extra`
+  // bytes) and V into the stage of ring use `it`, after the caller's
+  // ring.wait_free (the K half with kSplitKV; V then waits for its own).
   auto load_k = [&](int it, int nt, const Work& wk, uint32_t extra) {
     const int s = ring.stage(it);
     mbar_arrive_expect_tx(ring.full(s), (Cfg::kSplitKV ? Cfg::kKVBytes : Cfg::kStageBytes) + extra);
