@@ -1,11 +1,13 @@
 // The hardware approximations the kernels build their exponentials and
-// reciprocals from (one MUFU instruction each), and log2(e) for turning
-// exp(x) into exp2(x log2 e). Error bounds per the PTX ISA.
+// reciprocals from (one MUFU instruction each), log2(e) for turning exp(x)
+// into exp2(x log2 e) and ln(2) for the way back. Error bounds per the PTX
+// ISA.
 #pragma once
 
 namespace jaxcraft {
 
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
 
 #ifdef __CUDACC__
 // ex2.approx.ftz: 2^-22 relative (2 ulp); results below 2^-126 flush to

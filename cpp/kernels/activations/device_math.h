@@ -26,7 +26,6 @@ namespace activation {
 __device__ __forceinline__ float device_erfc(float x, float& gauss) {
   constexpr float kMaxArg = 10.1f;
   constexpr float kLog2eLo = 1.925963e-08f;  // log2(e) - kLog2e
-  constexpr float kLn2 = 0.693147180559945f;
   const float a = fminf(fabsf(x), kMaxArg);
   const float t = (a - 4.f) * fast_rcp(a + 4.f);
   float p = 4.423852544e-03f;

@@ -1,4 +1,4 @@
-"""Fits the polynomial of device_erfc.h (python fit_erfc.py prints it).
+"""Fits the polynomial of device_math.h's device_erfc (python fit_erfc.py prints it).
 
 For a = |x| in [0, kMaxArg], erfc(a) = P(t) / (1 + 2a) * exp(-a^2) with
 t = (a - 4) / (a + 4) in [-1, 0.43]: the quotient g = erfc(a) exp(a^2) (1 + 2a)
@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 K = 4.0
-MAX_ARG = 10.1  # device_erfc.h's kMaxArg: erfc(10.1) = 7e-46 is zero in float32
+MAX_ARG = 10.1  # device_erfc's kMaxArg: erfc(10.1) = 7e-46 is zero in float32
 DEGREE = 9
 
 

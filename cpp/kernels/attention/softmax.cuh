@@ -9,8 +9,6 @@
 namespace jaxcraft {
 namespace attn {
 
-constexpr float kLn2 = 0.6931471805599453f;
-
 // The running max only moves (and O is only rescaled) once some row's max
 // has grown by more than this many powers of two: until then probabilities
 // are taken against the stale max, so they can reach 2^8, which 16-bit P,

@@ -3,9 +3,11 @@
 // written once (the backward: y and dy read once, dx written once). Rows
 // arrive through a shared-memory ring (row_ring.cuh) `stages` deep, chosen
 // by the launcher. With kSplit > 1 (sm_90+, clusters of kSplit one-row
-// blocks) each CTA of a cluster holds a slice of the row, and the row's
-// reductions meet in distributed shared memory (cluster_reduce). The forward
-// reduces the row max, then the sum of exp(x - max). Needs
+// blocks) each CTA of a cluster holds a slice of the row, and the CTAs meet
+// in distributed shared memory: the forward exchanges one (max, sum) pair
+// per CTA and row (cluster_softmax_factor), the backward reduces its dot
+// (cluster_reduce). The forward reduces the row max, then the sum of
+// exp(x - max). Needs
 // cols % (16 / sizeof(T)) == 0 and 16-byte aligned buffers.
 #pragma once
 #include "common/fast_math.cuh"
