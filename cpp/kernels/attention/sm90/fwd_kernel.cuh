@@ -220,7 +220,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   [[maybe_unused]] auto bias_tile = [&](int s) { return q_sa + Cfg::kBiasRel + s * bias_tile_bytes; };
 
   const int tid = threadIdx.x;
-  const int wg = tid / kWarpgroupThreads;
+  // Broadcast from lane 0 so that ptxas knows it is warp-uniform: values
+  // derived from it (the warpgroup's rows, its loop bounds) stay on the
+  // uniform datapath (SASS: 43 R2UR moves in the head-dim-128 kernel -> 8).
+  const int wg = __shfl_sync(0xffffffffu, tid / kWarpgroupThreads, 0);
   // full: the TMA bytes' arrival (plus, with features, one per producer
   // lane, each after writing its ids); empty: one arrival per consumer warp.
   // Empty arrivals: one per consumer warp; in the feature instances one per
@@ -696,8 +699,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     auto values_read = [&](int it) {
       if (!keep_stage(it)) release_v(it);
     };
+    // The valid rows of this warpgroup see no key from tile n_live on (on
+    // a causal diagonal: the first warpgroup's last 64-key tile at head dim
+    // 256, one or two of the three warpgroups' last tile at 64). Those
+    // tiles are only waited for and released, after the others: a branch
+    // around the products instead made ptxas serialize every wgmma. (The
+    // bias and dropout instances walk every tile: the registers this takes
+    // made them spill.)
+    constexpr bool kTrim = kFeat < kBias;
+    int n_live = kTrim ? 0 : n_tiles;
+    if (const int wg_rows = min(kWgmmaM, rows_valid - wg_row0); kTrim && wg_rows > 0) {
+      int wg_lo, wg_hi;
+      key_range(a.mask, m0 + wg_row0, m0 + wg_row0 + wg_rows - 1, lens.kv_len, &wg_lo, &wg_hi);
+      n_live = min(n_tiles, max(0, (wg_hi - t_begin * kBN + kBN - 1) / kBN));
+    }
     if constexpr (!Cfg::kOverlap) {
-      for (int it = 0; it < n_tiles; ++it) {
+      for (int it = 0; it < n_live; ++it) {
         ring.wait_full(it0 + it);
         issue_scores(it);
         if (it == 0) release_stored();
@@ -718,7 +735,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // Software-pipelined within the warpgroup: tile it's scores are computed
     // while tile it - 1's P V runs, and their softmax (the exponentials) runs
     // under that product too; O is rescaled only once P V has landed.
-    if (Cfg::kOverlap && n_tiles > 0) {
+    if (Cfg::kOverlap && n_live > 0) {
       ring.wait_full(it0);
       issue_scores(0);
       release_stored();
@@ -731,7 +748,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       drop_probs(t_begin);
       pack_probs();
     }
-    for (int it = 1; Cfg::kOverlap && it < n_tiles; ++it) {
+    for (int it = 1; Cfg::kOverlap && it < n_live; ++it) {
       ring.wait_full(it0 + it);
       issue_scores(it);
       issue_pv(it - 1);
@@ -748,11 +765,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if (rescale) rescale_rows(o, corr);
       pack_probs();
     }
-    if (Cfg::kOverlap && n_tiles > 0) {
-      issue_pv(n_tiles - 1);
+    if (Cfg::kOverlap && n_live > 0) {
+      issue_pv(n_live - 1);
       wgmma_wait<0>();
       fence_operands(o[0]);
-      values_read(n_tiles - 1);
+      values_read(n_live - 1);
+    }
+    // The previous item's O stage first (a no-op after a live tile): the
+    // producer may need it to fill the tiles waited for below (without
+    // this, the check with 3 persistent CTAs hung).
+    release_stored();
+    for (int it = n_live; it < n_tiles; ++it) {  // the ring's phases stay in step
+      ring.wait_full(it0 + it);
+      q_read(it);
+      keys_read(it);
+      if constexpr (Cfg::kSplitKV) vring.wait_full(it0 + it);
+      values_read(it);
     }
 
     // Epilogue: normalize, write the logsumexp, stage O (16-bit, swizzled)
