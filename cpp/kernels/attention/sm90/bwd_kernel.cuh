@@ -226,7 +226,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   [[maybe_unused]] auto qid_vec = [&](int s) { return delta_vec(s) + Cfg::kVecBytes; };
 
   const int tid = threadIdx.x;
-  const int wg = tid / kWarpgroupThreads, lane = tid % kWarpSize;
+  // wg broadcast from lane 0 so that ptxas knows it is warp-uniform, as in
+  // the forward (SASS, head dim 128 plain: 3525 -> 3397 instructions); not
+  // at head dim 64, whose plain instance then ran short of registers (the
+  // wgmmas serialized, C7512, and its spills grew from 28 to 60 bytes).
+  const int wg = kD == 64 ? tid / kWarpgroupThreads
+                          : __shfl_sync(0xffffffffu, tid / kWarpgroupThreads, 0);
+  const int lane = tid % kWarpSize;
   if (tid == 0) ring.init(Cfg::kFullArrivals, Cfg::kConsumers * kWarpgroupThreads);
   __syncthreads();
 
