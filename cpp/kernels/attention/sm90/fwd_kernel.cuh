@@ -222,8 +222,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int tid = threadIdx.x;
   // Broadcast from lane 0 so that ptxas knows it is warp-uniform: values
   // derived from it (the warpgroup's rows, its loop bounds) stay on the
-  // uniform datapath (SASS: 43 R2UR moves in the head-dim-128 kernel -> 8).
-  const int wg = __shfl_sync(0xffffffffu, tid / kWarpgroupThreads, 0);
+  // uniform datapath (SASS: 43 R2UR moves in the head-dim-128 kernel -> 8;
+  // measured 1.5-3.5% faster). Not in the head-dim-64 overlapped instance
+  // (the short causal rows), which it made 0-1.5% slower, and the tile trim
+  // below 4-6% slower.
+  constexpr bool kUniformWg = !(kD == 64 && Cfg::kOverlap);
+  const int wg = kUniformWg ? __shfl_sync(0xffffffffu, tid / kWarpgroupThreads, 0)
+                            : tid / kWarpgroupThreads;
   // full: the TMA bytes' arrival (plus, with features, one per producer
   // lane, each after writing its ids); empty: one arrival per consumer warp.
   // Empty arrivals: one per consumer warp; in the feature instances one per
@@ -705,8 +710,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // tiles are only waited for and released, after the others: a branch
     // around the products instead made ptxas serialize every wgmma. (The
     // bias and dropout instances walk every tile: the registers this takes
-    // made them spill.)
-    constexpr bool kTrim = kFeat < kBias;
+    // made them spill.) Its loop bound must be warp-uniform (kUniformWg):
+    // without the broadcast it cost 5-12% on every row.
+    constexpr bool kTrim = kUniformWg && kFeat < kBias;
     int n_live = kTrim ? 0 : n_tiles;
     if (const int wg_rows = min(kWgmmaM, rows_valid - wg_row0); kTrim && wg_rows > 0) {
       int wg_lo, wg_hi;
@@ -774,13 +780,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // The previous item's O stage first (a no-op after a live tile): the
     // producer may need it to fill the tiles waited for below (without
     // this, the check with 3 persistent CTAs hung).
-    release_stored();
-    for (int it = n_live; it < n_tiles; ++it) {  // the ring's phases stay in step
-      ring.wait_full(it0 + it);
-      q_read(it);
-      keys_read(it);
-      if constexpr (Cfg::kSplitKV) vring.wait_full(it0 + it);
-      values_read(it);
+    if constexpr (kTrim) {
+      release_stored();
+      for (int it = n_live; it < n_tiles; ++it) {  // the ring's phases stay in step
+        ring.wait_full(it0 + it);
+        q_read(it);
+        keys_read(it);
+        if constexpr (Cfg::kSplitKV) vring.wait_full(it0 + it);
+        values_read(it);
+      }
     }
 
     // Epilogue: normalize, write the logsumexp, stage O (16-bit, swizzled)
