@@ -919,16 +919,16 @@ void fwd_sm90_variants(int B, int S, bool causal) {
 }
 
 // The launcher's Hopper forward tiles against alternatives, at 16k tokens:
-// at head dim 64 the short causal rows' tiles (two consumers, overlapped)
-// at every shape, the overlapped loop with three consumers, and a fourth
-// stage; at head dim 256 the tiles the split K/V ring replaced (no overlap,
-// one CTA per item under a causal mask).
+// at head dim 64 the 128-query tiles with the overlapped loop (the short
+// causal rows' tiles before the per-warpgroup trim), the overlapped loop
+// with three consumers, and a fourth stage; at head dim 256 the tiles the
+// split K/V ring replaced (no overlap, one CTA per item under a causal mask).
 void fwd_persistent_variants() {
   using namespace jaxcraft::attn::sm90;
   for (bool causal : {false, true})
     for (int S : {512, 1024, 2048, 4096, 8192, 16384}) {
       fwd_sm90_variants<128, FwdTiles<128>::type>(16384 / S, S, causal);
-      fwd_sm90_variants<64, FwdTiles<64>::type, FwdShortCausalTiles<64>::type,
+      fwd_sm90_variants<64, FwdTiles<64>::type, FwdConfig<64, 2, 128, 3, true, true, 2, 2048>,
                         FwdConfig<64, 3, 128, 3, true, true, 2, 4096>,
                         FwdConfig<64, 2, 128, 4, true, true, 2, 2048>>(16384 / S, S, causal);
       fwd_sm90_variants<256, FwdTiles<256>::type, FwdConfig<256, 2, 64, 2, false, true, 1, 0, true>>(

@@ -24,7 +24,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 
 #include "kernels/attention/kernel_args.h"
 #include "kernels/attention/mask.cuh"
@@ -131,13 +130,9 @@ template <>
 struct FwdTiles<128> { using type = FwdConfig<128, 2, 128, 3, true, true, 1, 4096, true>; };
 template <>
 struct FwdTiles<256> { using type = FwdConfig<256, 2, 64, 2, true, true, 1, 2048, true, true>; };
-// Plain launches under a causal mask with at most kCausalPersistRows
-// queries: head dim 64 takes 128-query tiles and the overlapped loop there
-// (+7-33% at S <= 1024 over the 192-query tiles, +2% at 2048).
-template <int kHeadDim>
-struct FwdShortCausalTiles : FwdTiles<kHeadDim> {};
-template <>
-struct FwdShortCausalTiles<64> { using type = FwdConfig<64, 2, 128, 3, true, true, 2, 2048>; };
+// (Head dim 64 under a causal mask up to 2048 queries took 128-query tiles
+// and the overlapped loop until each warpgroup skipped the tiles past its
+// rows' last key; since then the 192-query tiles are 5-8% faster there.)
 // kScores instances: head dim 64's 160-register consumers have no room for
 // the bias loads.
 template <int kHeadDim>
@@ -223,12 +218,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // Broadcast from lane 0 so that ptxas knows it is warp-uniform: values
   // derived from it (the warpgroup's rows, its loop bounds) stay on the
   // uniform datapath (SASS: 43 R2UR moves in the head-dim-128 kernel -> 8;
-  // measured 1.5-3.5% faster). Not in the head-dim-64 overlapped instance
-  // (the short causal rows), which it made 0-1.5% slower, and the tile trim
-  // below 4-6% slower.
-  constexpr bool kUniformWg = !(kD == 64 && Cfg::kOverlap);
-  const int wg = kUniformWg ? __shfl_sync(0xffffffffu, tid / kWarpgroupThreads, 0)
-                            : tid / kWarpgroupThreads;
+  // measured 1.5-3.5% faster).
+  const int wg = __shfl_sync(0xffffffffu, tid / kWarpgroupThreads, 0);
   // full: the TMA bytes' arrival (plus, with features, one per producer
   // lane, each after writing its ids); empty: one arrival per consumer warp.
   // Empty arrivals: one per consumer warp; in the feature instances one per
@@ -710,9 +701,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // tiles are only waited for and released, after the others: a branch
     // around the products instead made ptxas serialize every wgmma. (The
     // bias and dropout instances walk every tile: the registers this takes
-    // made them spill.) Its loop bound must be warp-uniform (kUniformWg):
-    // without the broadcast it cost 5-12% on every row.
-    constexpr bool kTrim = kUniformWg && kFeat < kBias;
+    // made them spill.) Its loop bound must be warp-uniform (the broadcast
+    // wg): without that it cost 5-12% on every row.
+    constexpr bool kTrim = kFeat < kBias;
     int n_live = kTrim ? 0 : n_tiles;
     if (const int wg_rows = min(kWgmmaM, rows_valid - wg_row0); kTrim && wg_rows > 0) {
       int wg_lo, wg_hi;
@@ -919,13 +910,7 @@ template <DType kDt, int kHeadDim>
 cudaError_t run_fwd_sm90(const FwdArgs& a, cudaStream_t stream) {
   using Cfg = typename FwdTiles<kHeadDim>::type;
   switch (feature_level(a.mask, a.scores)) {
-    case kPlain: {
-      using ShortCfg = typename FwdShortCausalTiles<kHeadDim>::type;
-      if (!std::is_same_v<ShortCfg, Cfg> && a.mask.causal &&
-          a.shape.seqlen_q <= ShortCfg::kCausalPersistRows)
-        return launch_fwd_sm90<kDt, ShortCfg, kPlain>(a, stream);
-      return launch_fwd_sm90<kDt, Cfg, kPlain>(a, stream);
-    }
+    case kPlain: return launch_fwd_sm90<kDt, Cfg, kPlain>(a, stream);
     case kMasks: return launch_fwd_sm90<kDt, Cfg, kMasks>(a, stream);
     case kDropout:
       return launch_fwd_sm90<kDt, typename FwdDropoutTiles<kHeadDim>::type, kDropout>(a, stream);
