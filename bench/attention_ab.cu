@@ -1,0 +1,121 @@
+// The Hopper attention kernels alone, for old-vs-new comparisons
+// (bench/attention_ab.sh builds this file twice: against the working tree
+// and against an older revision's cpp/ tree). bf16 self-attention at 16k
+// tokens per batch and hidden 2048 (B = 16384 / S, N = 2048 / D), causal and
+// not, S = 512..16384: the forward (the launcher's dispatch) and the plain
+// backward kernel (dK, dV and the atomic dQ; delta zero, so the times but
+// not the values are the real backward's). Best of 5 x 20 launches; an
+// FNV-1a hash of O and of dK, dV tells whether a change kept the outputs.
+// Build: nvcc -std=c++17 -O3 --expt-relaxed-constexpr
+//   -gencode=arch=compute_90a,code=sm_90a -DHEAD_DIM=128 -I<tree>/cpp attention_ab.cu
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "kernels/attention/sm90/bwd_kernel.cuh"
+#include "kernels/attention/sm90/fwd_kernel.cuh"
+
+using namespace jaxcraft;
+using namespace jaxcraft::attn;
+
+#define CHECK(...)                                                                  \
+  do {                                                                              \
+    const cudaError_t err = (__VA_ARGS__);                                          \
+    if (err != cudaSuccess) {                                                       \
+      std::printf("CUDA error %s at line %d\n", cudaGetErrorString(err), __LINE__); \
+      std::exit(1);                                                                 \
+    }                                                                               \
+  } while (0)
+
+namespace {
+
+uint16_t to_bf16(float x) {  // round to nearest even
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+template <class Launch>
+double best_us(Launch launch) {
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  for (int i = 0; i < 3; ++i) CHECK(launch());
+  double best = 1e30;
+  for (int round = 0; round < 5; ++round) {
+    CHECK(cudaEventRecord(start));
+    for (int i = 0; i < 20; ++i) CHECK(launch());
+    CHECK(cudaEventRecord(stop));
+    CHECK(cudaEventSynchronize(stop));
+    float ms = 0.f;
+    CHECK(cudaEventElapsedTime(&ms, start, stop));
+    best = std::min(best, ms * 1e3 / 20);
+  }
+  return best;
+}
+
+uint64_t fnv1a(const void* device, size_t bytes, uint64_t hash = 1469598103934665603ull) {
+  std::vector<uint8_t> host(bytes);
+  CHECK(cudaMemcpy(host.data(), device, bytes, cudaMemcpyDeviceToHost));
+  for (uint8_t c : host) hash = (hash ^ c) * 1099511628211ull;
+  return hash;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  constexpr int H = HEAD_DIM;
+  const char* tag = argc > 1 ? argv[1] : "-";
+  for (int causal : {0, 1})
+    for (int S : {512, 1024, 2048, 4096, 8192, 16384}) {
+      const int B = 16384 / S, N = 2048 / H;
+      const size_t n = size_t(B) * S * N * H, rows = size_t(B) * N * S;
+      void *q, *k, *v, *o, *d_o, *dq, *dk, *dv;
+      float *lse, *delta, *dq_accum;
+      for (void** p : {&q, &k, &v, &o, &d_o, &dq, &dk, &dv}) CHECK(cudaMalloc(p, n * 2));
+      CHECK(cudaMalloc(&lse, rows * 4));
+      CHECK(cudaMalloc(&delta, rows * 4));
+      CHECK(cudaMalloc(&dq_accum, n * 4));
+      CHECK(cudaMemset(delta, 0, rows * 4));
+      CHECK(cudaMemset(dq_accum, 0, n * 4));
+      std::vector<uint16_t> host(n);
+      uint32_t state = 12345;  // the same inputs in every build
+      for (void* p : {q, k, v, d_o}) {
+        for (auto& x : host) {
+          state = state * 1664525u + 1013904223u;
+          x = to_bf16(((state >> 8) * (1.f / 16777216.f) - 0.5f) * 3.f);
+        }
+        CHECK(cudaMemcpy(p, host.data(), n * 2, cudaMemcpyHostToDevice));
+      }
+      FwdArgs fa{};
+      fa.shape = {B, S, S, N, N, H};
+      fa.mask = {causal, 0, -1, -1, nullptr, nullptr};
+      fa.scale = 1.f / std::sqrt(float(H));
+      fa.q = q, fa.k = k, fa.v = v, fa.o = o, fa.lse = lse;
+      const double flops = 4.0 * B * N * double(S) * S * H * (causal ? 0.5 : 1.0);
+      const double fwd_us = best_us([&] { return sm90::run_fwd_sm90<DType::kBF16, H>(fa, 0); });
+      const uint64_t o_hash = fnv1a(o, n * 2);
+      BwdArgs ba{};
+      ba.shape = fa.shape;
+      ba.mask = fa.mask;
+      ba.scale = fa.scale;
+      ba.q = q, ba.k = k, ba.v = v, ba.o = o, ba.d_o = d_o, ba.lse = lse;
+      ba.dq = dq, ba.dk = dk, ba.dv = dv, ba.delta = delta, ba.dq_accum = dq_accum;
+      using BwdCfg = typename sm90::BwdTiles<H>::type;
+      const double bwd_us =
+          best_us([&] { return sm90::launch_bwd_sm90<DType::kBF16, BwdCfg, sm90::kPlain>(ba, 0); });
+      const uint64_t kv_hash = fnv1a(dv, n * 2, fnv1a(dk, n * 2));
+      std::printf("%s D%d S%d %s fwd %.1f us %.1f TFLOP/s %016llx bwd %.1f us %.1f TFLOP/s %016llx\n", tag,
+                  H, S, causal ? "causal" : "full", fwd_us, flops / fwd_us / 1e6,
+                  static_cast<unsigned long long>(o_hash), bwd_us, 2.5 * flops / bwd_us / 1e6,
+                  static_cast<unsigned long long>(kv_hash));
+      for (void* p : {q, k, v, o, d_o, dq, dk, dv}) CHECK(cudaFree(p));
+      for (float* p : {lse, delta, dq_accum}) CHECK(cudaFree(p));
+    }
+  return 0;
+}
