@@ -699,10 +699,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // a causal diagonal: the first warpgroup's last 64-key tile at head dim
     // 256, one or two of the three warpgroups' last tile at 64). Those
     // tiles are only waited for and released, after the others: a branch
-    // around the products instead made ptxas serialize every wgmma. (The
-    // bias and dropout instances walk every tile: the registers this takes
-    // made them spill.) Its loop bound must be warp-uniform (the broadcast
-    // wg): without that it cost 5-12% on every row.
+    // around the products instead made ptxas serialize every wgmma. Its
+    // loop bound must be warp-uniform (the broadcast wg): without that it
+    // cost 5-12% on every row. (The bias and dropout instances still walk
+    // every tile: before the broadcast the trim made them spill; with it
+    // they compile without spills, not yet tested on the GPU: branch
+    // next/fwd-trim-all.)
     constexpr bool kTrim = kFeat < kBias;
     int n_live = kTrim ? 0 : n_tiles;
     if (const int wg_rows = min(kWgmmaM, rows_valid - wg_row0); kTrim && wg_rows > 0) {
