@@ -701,13 +701,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // tiles are only waited for and released, after the others: a branch
     // around the products instead made ptxas serialize every wgmma. Its
     // loop bound must be warp-uniform (the broadcast wg): without that it
-    // cost 5-12% on every row. (The bias and dropout instances still walk
-    // every tile: before the broadcast the trim made them spill; with it
-    // they compile without spills, not yet tested on the GPU: branch
-    // next/fwd-trim-all.)
-    constexpr bool kTrim = kFeat < kBias;
-    int n_live = kTrim ? 0 : n_tiles;
-    if (const int wg_rows = min(kWgmmaM, rows_valid - wg_row0); kTrim && wg_rows > 0) {
+    // cost 5-12% on every row.
+    int n_live = 0;
+    if (const int wg_rows = min(kWgmmaM, rows_valid - wg_row0); wg_rows > 0) {
       int wg_lo, wg_hi;
       key_range(a.mask, m0 + wg_row0, m0 + wg_row0 + wg_rows - 1, lens.kv_len, &wg_lo, &wg_hi);
       n_live = min(n_tiles, max(0, (wg_hi - t_begin * kBN + kBN - 1) / kBN));
@@ -773,15 +769,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // The previous item's O stage first (a no-op after a live tile): the
     // producer may need it to fill the tiles waited for below (without
     // this, the check with 3 persistent CTAs hung).
-    if constexpr (kTrim) {
-      release_stored();
-      for (int it = n_live; it < n_tiles; ++it) {  // the ring's phases stay in step
-        ring.wait_full(it0 + it);
-        q_read(it);
-        keys_read(it);
-        if constexpr (Cfg::kSplitKV) vring.wait_full(it0 + it);
-        values_read(it);
-      }
+    release_stored();
+    for (int it = n_live; it < n_tiles; ++it) {  // the ring's phases stay in step
+      ring.wait_full(it0 + it);
+      q_read(it);
+      keys_read(it);
+      if constexpr (Cfg::kSplitKV) vring.wait_full(it0 + it);
+      values_read(it);
     }
 
     // Epilogue: normalize, write the logsumexp, stage O (16-bit, swizzled)
