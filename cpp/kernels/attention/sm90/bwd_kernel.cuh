@@ -327,7 +327,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
 
   setmaxnreg_inc<kFeat >= kScores ? Cfg::kScoreConsumerRegs : Cfg::kConsumerRegs>();
-  const int c = wg - 1;  // consumer: keys [n0 + 64 c, n0 + 64 c + 64)
+  // consumer: keys [n0 + 64 c, n0 + 64 c + 64). At head dim 64 (wg not
+  // broadcast) the feature instances broadcast c (SASS: R2UR 92-197 -> 17-73,
+  // no spill); the plain one would serialize its wgmmas, as with wg.
+  const int c = kD == 64 && kFeat != kPlain ? __shfl_sync(0xffffffffu, wg - 1, 0) : wg - 1;
   const int ct = tid % kWarpgroupThreads, w = ct / kWarpSize;
   const int g = lane / 4, t = lane % 4;
   const int wg_key0 = Cfg::kSplitD ? 0 : c * kWgmmaM;
