@@ -19,7 +19,8 @@ constexpr int64_t kMaxGridY = 65535;
 // handles kChunkRows rows, which amortizes its bias load and index math while
 // leaving many blocks (4096 at 16k x 4096 bf16) to balance the SMs. On the
 // H200, 8 rather than 4: gelu [16k, 14336] 242 -> 235 us, 4096 columns the
-// same; 16 gained nothing more.
+// same; 16 gained nothing more. Where the forward keeps 4 rows in flight,
+// chunks of 4 (one round of loads) measured best for it.
 constexpr int64_t kChunkRows = 8;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -51,15 +52,15 @@ struct Launch {
 };
 
 // `partials` > 0: one chunk per partial sum (their row split is fixed by
-// params.h); otherwise chunks of kChunkRows rows per thread row.
-Launch plan(int64_t rows, int64_t vectors, int64_t partials) {
+// params.h); otherwise chunks of `chunk_rows` rows per thread row.
+Launch plan(int64_t rows, int64_t vectors, int64_t partials, int64_t chunk_rows = kChunkRows) {
   Launch l;
   l.block = block_shape(vectors);
   if (partials > 0) {
     l.rows_per_chunk = std::max<int64_t>(1, partial_rows(rows, partials));
     l.num_chunks = partials;
   } else {
-    l.rows_per_chunk = int64_t(l.block.y) * kChunkRows;
+    l.rows_per_chunk = int64_t(l.block.y) * chunk_rows;
     l.num_chunks = ceil_div(rows, l.rows_per_chunk);
   }
   l.grid = dim3(static_cast<unsigned>(ceil_div(vectors, l.block.x)),
@@ -69,7 +70,8 @@ Launch plan(int64_t rows, int64_t vectors, int64_t partials) {
 
 template <typename T, Activation kAct, bool kGated, int kN>
 cudaError_t fwd_launch(const ActivationFwdParams& p, cudaStream_t stream) {
-  const Launch l = plan(p.rows, p.cols / kN, 0);
+  constexpr int kRows = activation::kFwdRowsInFlight<kAct, kGated>;
+  const Launch l = plan(p.rows, p.cols / kN, 0, kRows == 4 ? kRows : kChunkRows);
   activation::activation_fwd_kernel<T, kAct, kGated, kN>
       <<<l.grid, l.block, 0, stream>>>(p, l.rows_per_chunk, l.num_chunks);
   return cudaGetLastError();
