@@ -29,9 +29,9 @@ constexpr int kMinBlocksPerSM = 4;
 // (2 rows spilled registers at the 64-register cap). The ungated tanh form's
 // forward (about 13 instructions per element) takes 4 rows, in chunks of 4
 // rows (one round of loads per thread; launch_activations.cu). H200, bf16:
-// gelu [16k, 4096] 76.5 -> 74.7 us, [16k, 14336] 235 -> 227; bias_gelu
-// 71.6 -> 69.9, 243 -> 238. At 4 rows the gated forms spill 92-102 bytes
-// (their forward ran twice as long) and the erf form ran 4% slower.
+// gelu [16k, 4096] 77.0 -> 75.5 us, [16k, 14336] 236.7 -> 228.5; bias_gelu
+// 71.9 -> 68.7, 243.8 -> 237.1. At 4 rows the gated forms spill 92-102
+// bytes (their forward ran twice as long) and the erf form ran 4% slower.
 template <Activation kAct, bool kGated>
 constexpr int kFwdRowsInFlight = !kGated && kAct == Activation::kGeluTanh ? 4 : 2;
 constexpr int kBwdRowsInFlight = 1;
