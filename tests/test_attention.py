@@ -30,21 +30,21 @@ def _attn(impl, q, k, v, **kw):
 
 
 def _check(platform, q, k, v, grads=True, **kw):
-  # The kernel and the float32 reference run jitted: op by op, each of
-  # their primitives compiles on its own (slowest on the GPU). The
-  # input-dtype reference, which sets the tolerance, stays op by op, as
-  # users run it: fused, XLA could keep more of its intermediates in float32.
+  # All three run jitted: op by op, each primitive compiles on its own
+  # (slowest on the GPU). The input-dtype reference, which sets the
+  # tolerance, jitted differs from op by op by a few ulps of some gradient
+  # elements (CPU; XLA's fusion order in the reductions), either way.
   up = lambda a: a.astype(jnp.float32)
   out = lambda impl: jax.jit(lambda q, k, v: _attn(impl, q, k, v, **kw))
   with jax.default_matmul_precision("highest"):
     ref = out("xla")(up(q), up(k), up(v))
-  _assert_parity(out(platform)(q, k, v), _attn("xla", q, k, v, **kw), ref)
+  _assert_parity(out(platform)(q, k, v), out("xla")(q, k, v), ref)
   if not grads:
     return
   loss = lambda impl: lambda q, k, v: jnp.sum(jnp.sin(_attn(impl, q, k, v, **kw).astype(jnp.float32)))
   grad = lambda impl: jax.grad(loss(impl), (0, 1, 2))
   got = jax.jit(grad(platform))(q, k, v)
-  lowp = grad("xla")(q, k, v)
+  lowp = jax.jit(grad("xla"))(q, k, v)
   with jax.default_matmul_precision("highest"):
     ref = jax.jit(grad("xla"))(up(q), up(k), up(v))
   for name, g, l, r in zip("qkv", got, lowp, ref):
