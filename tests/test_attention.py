@@ -31,9 +31,10 @@ def _attn(impl, q, k, v, **kw):
 
 def _check(platform, q, k, v, grads=True, **kw):
   # All three run jitted: op by op, each primitive compiles on its own
-  # (slowest on the GPU). The input-dtype reference, which sets the
-  # tolerance, jitted differs from op by op by a few ulps of some gradient
-  # elements (CPU; XLA's fusion order in the reductions), either way.
+  # (slowest on the GPU). Jitted, the input-dtype reference (which sets the
+  # tolerance) moved its error against the float32 reference by at most
+  # 0.05% on the CPU (a few ulps in some gradient elements: XLA's order of
+  # the reductions), not one way more than the other.
   up = lambda a: a.astype(jnp.float32)
   out = lambda impl: jax.jit(lambda q, k, v: _attn(impl, q, k, v, **kw))
   with jax.default_matmul_precision("highest"):
