@@ -160,6 +160,11 @@ def run(bandwidth: float, specs=None):
   if specs is None:
     smoke = os.environ.get("JAXCRAFT_BENCH_ACTIVATIONS_SMOKE") == "1"
     specs = ACTIVATION_SMOKE_SPECS if smoke else ACTIVATION_SPECS
+  # JAXCRAFT_BENCH_ACTIVATION_OPS=gelu,bias_gelu / JAXCRAFT_BENCH_MODES=fwd,bwd:
+  # a part of the table (the whole one takes over two minutes on the H200).
+  if wanted := os.environ.get("JAXCRAFT_BENCH_ACTIVATION_OPS"):
+    specs = [s for s in specs if s.op in wanted.split(",")]
+  modes = os.environ.get("JAXCRAFT_BENCH_MODES")
   rows = []
 
   def record(spec, name, mode, sec, nbytes):
@@ -195,6 +200,8 @@ def run(bandwidth: float, specs=None):
                                                  custom_call=step_call),
                 0)]
       for mode, timed, nbytes in cases:
+        if modes and mode not in modes.split(","):
+          continue
         try:
           sec = timed()
         except Exception as e:  # noqa: BLE001 - a peer that fails is reported, not fatal

@@ -44,7 +44,8 @@ def main():
     module = __import__(MODULES.get(op, op))
     print(f"== {op}", flush=True)
     results[op] = module.run(bandwidth)
-  (out / "results.json").write_text(json.dumps(results, indent=1))
+    # After each op: a run stopped by a time limit keeps the ops it finished.
+    (out / "results.json").write_text(json.dumps(results, indent=1))
   import plots  # noqa: E402 - matplotlib only when writing plots
   plots.write_all(results, out)
   print(f"wrote {out}/results.json and plots")
