@@ -165,6 +165,7 @@ def run(bandwidth: float, specs=None):
   if wanted := os.environ.get("JAXCRAFT_BENCH_ACTIVATION_OPS"):
     specs = [s for s in specs if s.op in wanted.split(",")]
   modes = os.environ.get("JAXCRAFT_BENCH_MODES")
+  modes = modes.split(",") if modes else None
   rows = []
 
   def record(spec, name, mode, sec, nbytes):
@@ -200,7 +201,7 @@ def run(bandwidth: float, specs=None):
                                                  custom_call=step_call),
                 0)]
       for mode, timed, nbytes in cases:
-        if modes and mode not in modes.split(","):
+        if modes and mode not in modes:
           continue
         try:
           sec = timed()
