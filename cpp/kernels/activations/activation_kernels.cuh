@@ -10,6 +10,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/activations/activation_math.h"
 #include "kernels/activations/params.h"
@@ -35,6 +36,12 @@ constexpr int kMinBlocksPerSM = 4;
 template <Activation kAct, bool kGated>
 constexpr int kFwdRowsInFlight = !kGated && kAct == Activation::kGeluTanh ? 4 : 2;
 constexpr int kBwdRowsInFlight = 1;
+
+// The math a kernel on storage type T runs: Act, but the erf form without
+// exp(-x^2)'s rounding corrections for 16-bit outputs (device_math.h).
+template <Activation kAct, typename T>
+using KernelAct = std::conditional_t<kAct == Activation::kGeluErf && sizeof(T) == 2,
+                                     GeluErf<false>, Act<kAct>>;
 
 __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -152,9 +159,9 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM)
 #pragma unroll
         for (int i = 0; i < kN; ++i) {
           if constexpr (kGated) {
-            out[i] = Act<kAct>::value(elem(a[k], i)) * elem(b[k], i);
+            out[i] = KernelAct<kAct, T>::value(elem(a[k], i)) * elem(b[k], i);
           } else {
-            out[i] = Act<kAct>::value(elem(a[k], i) + bias[i]);
+            out[i] = KernelAct<kAct, T>::value(elem(a[k], i) + bias[i]);
           }
         }
         store(y + r * cols, out);
@@ -204,11 +211,11 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM)
           float grad;
           const float gi = elem(g[k], i);
           if constexpr (kGated) {
-            const float f = Act<kAct>::value_and_grad(elem(a[k], i), grad);
+            const float f = KernelAct<kAct, T>::value_and_grad(elem(a[k], i), grad);
             da[i] = gi * elem(b[k], i) * grad;
             db[i] = gi * f;
           } else {
-            Act<kAct>::value_and_grad(elem(a[k], i) + bias[i], grad);
+            KernelAct<kAct, T>::value_and_grad(elem(a[k], i) + bias[i], grad);
             da[i] = gi * grad;
             sums[i] += da[i];
           }

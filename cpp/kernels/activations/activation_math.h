@@ -102,10 +102,12 @@ JAXCRAFT_ACT_FN float act_reciprocal(float x) {
 #endif
 }
 
-// erfc(x), and exp(-x^2) into gauss (the erf form's derivative needs both).
+// erfc(x), and exp(-x^2) into gauss (the erf form's derivative needs both);
+// kExpCorrected: device_math.h.
+template <bool kExpCorrected = true>
 JAXCRAFT_ACT_FN float act_erfc(float x, float& gauss) {
 #ifdef __CUDA_ARCH__
-  return device_erfc(x, gauss);
+  return device_erfc<kExpCorrected>(x, gauss);
 #else
   gauss = host_expf(-x * x);
   return erfcf(x);
@@ -143,21 +145,25 @@ struct Act<Activation::kGeluTanh> {
   }
 };
 
-template <>
-struct Act<Activation::kGeluErf> {
+// The erf form; kExpCorrected = false for 16-bit outputs (device_math.h).
+template <bool kExpCorrected>
+struct GeluErf {
   // f = h Phi(h), Phi(h) = erfc(x) / 2 with x = -h / sqrt 2;
   // f' = Phi(h) + h phi(h), phi(h) = exp(-x^2) / sqrt(2 pi).
   static JAXCRAFT_ACT_FN float value(float h) {
     float gauss;
-    return h * (0.5f * act_erfc(-h * kInvSqrt2, gauss));
+    return h * (0.5f * act_erfc<kExpCorrected>(-h * kInvSqrt2, gauss));
   }
   static JAXCRAFT_ACT_FN float value_and_grad(float h, float& grad) {
     float gauss;
-    const float cdf = 0.5f * act_erfc(-h * kInvSqrt2, gauss);
+    const float cdf = 0.5f * act_erfc<kExpCorrected>(-h * kInvSqrt2, gauss);
     grad = cdf + h * (kInvSqrt2Pi * gauss);
     return h * cdf;
   }
 };
+
+template <>
+struct Act<Activation::kGeluErf> : GeluErf<true> {};
 
 template <>
 struct Act<Activation::kSilu> {

@@ -23,6 +23,11 @@
 namespace jaxcraft {
 namespace activation {
 
+// kExpCorrected = false (16-bit outputs, which round to 2^-9 relative or
+// coarser): exp(-a^2) without the corrections, one exp2 of the rounded
+// exponent; the GELU is then within 1.7e-5 relative for h < -9 (float32
+// emulation against float64), against 1.0e-5 with them.
+template <bool kExpCorrected = true>
 __device__ __forceinline__ float device_erfc(float x, float& gauss) {
   constexpr float kMaxArg = 10.1f;
   constexpr float kLog2eLo = 1.925963e-08f;  // log2(e) - kLog2e
@@ -38,13 +43,18 @@ __device__ __forceinline__ float device_erfc(float x, float& gauss) {
   p = fmaf(p, t, 1.538113225e-02f);
   p = fmaf(p, t, -1.396201253e-01f);
   p = fmaf(p, t, 1.232995152e+00f);
-  const float s = a * a, s_err = fmaf(a, a, -s);
+  const float s = a * a;
   const float hi = -s * kLog2e;
-  float lo = fmaf(-s, kLog2e, -hi);
-  lo = fmaf(-s, kLog2eLo, lo);
-  lo = fmaf(-s_err, kLog2e, lo);
   const float e = fast_exp2(hi);
-  gauss = fmaf(e * lo, kLn2, e);  // 2^(hi + lo) = 2^hi (1 + lo ln 2)
+  if constexpr (kExpCorrected) {
+    const float s_err = fmaf(a, a, -s);
+    float lo = fmaf(-s, kLog2e, -hi);
+    lo = fmaf(-s, kLog2eLo, lo);
+    lo = fmaf(-s_err, kLog2e, lo);
+    gauss = fmaf(e * lo, kLn2, e);  // 2^(hi + lo) = 2^hi (1 + lo ln 2)
+  } else {
+    gauss = e;
+  }
   const float y = p * fast_rcp(fmaf(2.f, a, 1.f)) * gauss;
   return x < 0.f ? 2.f - y : y;
 }
