@@ -56,6 +56,9 @@ def _impls(op: str):
       "bias_gelu": lambda impl: lambda x, b: jaxcraft.bias_gelu(x, b, implementation=impl),
       "swiglu": lambda impl: lambda x, b: jaxcraft.swiglu(x, implementation=impl),
       "geglu": lambda impl: lambda x, b: jaxcraft.geglu(x, implementation=impl),
+      "gelu_erf": lambda impl: lambda x, b: jaxcraft.gelu(x, False, implementation=impl),
+      "bias_gelu_erf": lambda impl: lambda x, b: jaxcraft.bias_gelu(x, b, False, implementation=impl),
+      "geglu_erf": lambda impl: lambda x, b: jaxcraft.geglu(x, False, implementation=impl),
   }[op]
   halves = lambda x: jnp.split(x, 2, axis=-1)
   nn = {
@@ -63,6 +66,9 @@ def _impls(op: str):
       "bias_gelu": lambda x, b: jax.nn.gelu(x + b.astype(x.dtype)),
       "swiglu": lambda x, b: (lambda a, g: jax.nn.silu(a) * g)(*halves(x)),
       "geglu": lambda x, b: (lambda a, g: jax.nn.gelu(a) * g)(*halves(x)),
+      "gelu_erf": lambda x, b: jax.nn.gelu(x, approximate=False),
+      "bias_gelu_erf": lambda x, b: jax.nn.gelu(x + b.astype(x.dtype), approximate=False),
+      "geglu_erf": lambda x, b: (lambda a, g: jax.nn.gelu(a, approximate=False) * g)(*halves(x)),
   }[op]
   return {"jaxcraft": (ours(k), True, True), "xla": (ours("xla"), False, False),
           "jax.nn": (nn, False, False),
@@ -103,7 +109,7 @@ def _fwd_bwd_step(fn, spec: ActivationSpec):
   """x -> dx with dy = y (shapes match x); bias_gelu carries (x, bias) and
   feeds dbias / rows back, so that the bias gradient is computed (not dead
   code) and stays O(1)."""
-  if spec.op == "bias_gelu":
+  if spec.has_bias:
     def step(carry):
       x, b = carry
       y, vjp = jax.vjp(fn, x, b)
@@ -131,7 +137,7 @@ def _bwd_step(dy, vjp):
 def _vjp(fn, spec: ActivationSpec, x, b):
   """The backward closure of fn at (x, b): over x and the bias for
   bias_gelu, over x alone otherwise."""
-  if spec.op == "bias_gelu":
+  if spec.has_bias:
     return jax.vjp(fn, x, b)[1]
   return jax.vjp(lambda x: fn(x, b), x)[1]
 
@@ -191,8 +197,8 @@ def run(bandwidth: float, specs=None):
                 spec.fwd_bytes(2)),
                ("bwd", lambda: time_step(_bwd_step, dy, _vjp(fn, spec, x, b), custom_call=bwd_call),
                 spec.bwd_bytes(2)),
-               ("fwd+bwd", lambda: time_step(_fwd_bwd_step(fn, spec), (x, b) if spec.op == "bias_gelu" else x,
-                                             *(() if spec.op == "bias_gelu" else (b,)),
+               ("fwd+bwd", lambda: time_step(_fwd_bwd_step(fn, spec), (x, b) if spec.has_bias else x,
+                                             *(() if spec.has_bias else (b,)),
                                              custom_call=step_call),
                 spec.fwd_bwd_bytes(2)),
                ("mlp fwd", lambda: time_step(_mlp_step(fn, w_in, w_out), x_mlp, b, custom_call=fwd_call),

@@ -36,14 +36,19 @@ NORM_TEST_SPECS = [NormSpec(64, 1024), NormSpec(16, 8192), NormSpec(4, 32768)]
 @dataclasses.dataclass(frozen=True)
 class ActivationSpec:
   """An activation over [rows, cols] outputs (gelu, bias_gelu: x is [rows,
-  cols] too; swiglu, geglu: x is [rows, 2 cols], its halves a and b)."""
+  cols] too; swiglu, geglu: x is [rows, 2 cols], its halves a and b). The
+  "_erf" ops are the erf form of the GELU (approximate=False)."""
   op: str
   rows: int
   cols: int
 
   @property
   def gated(self) -> bool:
-    return self.op in ("swiglu", "geglu")
+    return self.op in ("swiglu", "geglu", "geglu_erf")
+
+  @property
+  def has_bias(self) -> bool:
+    return self.op.startswith("bias_gelu")
 
   @property
   def in_cols(self) -> int:
@@ -54,7 +59,7 @@ class ActivationSpec:
     return f"{self.rows // 1024}k x {self.in_cols}"
 
   def _bias_bytes(self) -> int:
-    return 4 * self.cols if self.op == "bias_gelu" else 0  # float32 [cols]
+    return 4 * self.cols if self.has_bias else 0  # float32 [cols]
 
   def fwd_bytes(self, itemsize: int) -> int:
     """Read x, write y (bias_gelu: plus the bias)."""
@@ -71,7 +76,8 @@ class ActivationSpec:
 
 
 ACTIVATION_SPECS = ([ActivationSpec(op, 16384, c) for op in ("gelu", "bias_gelu") for c in (4096, 14336)]
-                    + [ActivationSpec(op, 16384, 14336) for op in ("swiglu", "geglu")])
+                    + [ActivationSpec(op, 16384, 14336)
+                       for op in ("swiglu", "geglu", "gelu_erf", "bias_gelu_erf", "geglu_erf")])
 # Small versions of the same shapes: JAXCRAFT_BENCH_ACTIVATIONS_SMOKE=1 runs
 # the code path anywhere (a CPU check; the numbers mean little).
 ACTIVATION_SMOKE_SPECS = [ActivationSpec(s.op, 64, s.cols // 64) for s in ACTIVATION_SPECS]
