@@ -63,10 +63,12 @@ GATED_OPS = ("swiglu", "geglu")
 #         935 / 953, 3363 / 3540, 5667 / 5756, 5745 / 5834. On the H100 the
 #         older kernel already tied XLA's forward, and its "mlp fwd" was
 #         faster (1610 / 1773 us, gelu 14336). So the tanh forms run the
-#         kernel forward. The erf forms keep XLA's forward: they were not
-#         measured against XLA in JAX, and the kernel's erf form is still
-#         issue-bound (~33 instructions per element; the gelu forward at 65%
-#         of copy on the H200, geglu at 89%).
+#         kernel forward. The erf forms too (twenty-second session, H200,
+#         bf16 [16k, 14336], us, kernel / XLA forward): forward alone 303 /
+#         644 (gelu), 313 / 681 (bias_gelu), 358 / 729 (geglu, 2 x 14336);
+#         "mlp fwd" 1592 / 1930, 1605 / 1886, 2241 / 2598; "mlp fwd+bwd"
+#         with the kernel backward 3659 / 3922, 3620 / 3943, 6054 / 6317.
+#         XLA's erf is slow here (its forward at 35-47% of copy).
 #   cpu:  XLA everywhere. Measured on a 2-core AVX2 machine, [1024, 4096]
 #         outputs, bf16 (f32 alike): forward kernel / XLA 5.2 / 2.5 ms (gelu),
 #         8.3 / 4.9 (swiglu), 20-37 / 3.7-5 (erf forms: scalar libm erfcf in
@@ -77,12 +79,12 @@ GATED_OPS = ("swiglu", "geglu")
 DEFAULT_IMPLEMENTATION = {
     # (variant, platform): (forward, backward)
     ("gelu", "cuda"): ("kernel", "kernel"),
-    ("gelu_erf", "cuda"): ("xla", "kernel"),
+    ("gelu_erf", "cuda"): ("kernel", "kernel"),
     ("bias_gelu", "cuda"): ("kernel", "kernel"),
-    ("bias_gelu_erf", "cuda"): ("xla", "kernel"),
+    ("bias_gelu_erf", "cuda"): ("kernel", "kernel"),
     ("swiglu", "cuda"): ("kernel", "kernel"),
     ("geglu", "cuda"): ("kernel", "kernel"),
-    ("geglu_erf", "cuda"): ("xla", "kernel"),
+    ("geglu_erf", "cuda"): ("kernel", "kernel"),
     ("gelu", "cpu"): ("xla", "xla"),
     ("gelu_erf", "cpu"): ("xla", "xla"),
     ("bias_gelu", "cpu"): ("xla", "xla"),
