@@ -113,8 +113,12 @@ struct BwdConfig {
   // TMA unit. H100, plain instance alone: 1-7% faster (S8192 causal 2348 ->
   // 2187 us). Not at head dim 64 (its 128-query steps' tiles by rows): the
   // plain instance's spills grew from 28 to 52 bytes and it ran 2-4% slower.
-  static constexpr bool kDqWarp = kDqBytes > 0 && !kDqByKeys && !kDqByRows &&
-                                  kColBlocks == kConsumers;
+  // Head dim 256 (kSplitD: dQ staged in the ring stage) likewise, warp 1
+  // then releasing the stage: 1-8% faster (H100; S16384 causal 6738 ->
+  // 6210 us).
+  static constexpr bool kDqWarp =
+      kDqTma && (kDqInStage ? kSplitD
+                            : kDqBytes > 0 && !kDqByKeys && !kDqByRows && kColBlocks == kConsumers);
   static constexpr int kSmemBytes = kSwizzleAtomBytes + 2 * kKVBytes + kStages * kStageBytes +
                                     kDsBuffers * kDsBytes + kConsumers * kDqBytes +
                                     kStages * kVecStageBytes + ring_barrier_bytes(kStages);
@@ -272,22 +276,31 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     setmaxnreg_dec<kFeat >= kScores ? Cfg::kScoreProducerRegs : Cfg::kProducerRegs>();
     if constexpr (kDqWarp) {
       if (tid / kWarpSize == 1) {
-        // Per step, each consumer's dQ tile in turn: wait until it is
-        // written (dQ full), add it into dq_accum, and once the reductions
-        // have read it hand it back (dQ empty; not after the last step,
-        // where no consumer waits for it).
+        // Per step, each consumer's dQ columns in turn: wait until they are
+        // written (dQ full), add them into dq_accum, and once the reductions
+        // have read them hand the tile back (dQ empty; not after the last
+        // step, where no consumer waits for it); with kDqInStage also arrive
+        // for the consumer's thread 0 on the stage's empty barrier.
         const int last_h = (kv_head + 1) * group - 1;
+        int it = 0;
         for (int h = kv_head * group; h <= last_h; ++h)
-          for (int mt = mt_begin; mt < mt_end; ++mt)
+          for (int mt = mt_begin; mt < mt_end; ++mt, ++it)
             for (int c = 0; c < Cfg::kConsumers; ++c) {
               named_barrier_sync(kDqFullBarrier + c, kDqBarrierThreads);
               if (lane == 0) {
-                const uint32_t tile = dq_sa + c * Cfg::kDqBytes;
+                const uint32_t tile = Cfg::kDqInStage ? q_tile(ring.stage(it)) + c * Cfg::kQBytes
+                                                      : dq_sa + c * Cfg::kDqBytes;
 #pragma unroll
-                for (int box = 0; box < kSwizzleCols / Cfg::kDqBoxCols; ++box)
-                  tma_reduce_add_4d(&p.dq_map, tile + box * col_block_bytes<Cfg::kDqRows>(),
-                                    c * kSwizzleCols + box * Cfg::kDqBoxCols, h, mt * kBM, b);
+                for (int blk = 0; blk < Cfg::kDqCols / kSwizzleCols; ++blk)
+#pragma unroll
+                  for (int box = 0; box < kSwizzleCols / Cfg::kDqBoxCols; ++box)
+                    tma_reduce_add_4d(&p.dq_map,
+                                      tile + blk * Cfg::kDqBlockBytes +
+                                          box * col_block_bytes<Cfg::kDqRows>(),
+                                      c * Cfg::kDqCols + blk * kSwizzleCols + box * Cfg::kDqBoxCols,
+                                      h, mt * kBM, b);
                 tma_store_commit_and_wait();
+                if constexpr (Cfg::kDqInStage) mbar_arrive(ring.empty(ring.stage(it)));
               }
               __syncwarp();
               if (h < last_h || mt < mt_end - 1)
@@ -642,7 +655,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       wgmma_commit();
       // kDqInStage: the last step's stage, once its dQ reductions have read it
       // (the wait overlaps the products just issued).
-      if constexpr (Cfg::kDqInStage) {
+      if constexpr (Cfg::kDqInStage && !kDqWarp) {
         if (ct == 0 && it > 0) {
           tma_store_wait_read();
           mbar_arrive(ring.empty(ring.stage(it - 1)));
@@ -873,8 +886,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           // head dim 128, +1.5-3.5% at 64. Not in the dropout instance: its
           // selects pushed it from 4 to 32 spilled bytes, and it ran 3% slower.
           const bool odd_chunk = kFeat != kDropout && t / 2 == 1;
-          // kDqWarp: warp 1 has read the last step's tile.
-          if (kDqWarp && it > 0) named_barrier_sync(kDqEmptyBarrier + c, kDqBarrierThreads);
+          // kDqWarp: warp 1 has read the last step's tile. With kDqInStage
+          // too, where the ring guards the stage: without this wait a
+          // warpgroup a step ahead of warp 1 would arrive on dQ full twice,
+          // and the hardware barrier would count its warps into the earlier
+          // step (measured: the head-dim-256 kernel hung).
+          if (kDqWarp && it > 0 && cb == cb_lo)
+            named_barrier_sync(kDqEmptyBarrier + c, kDqBarrierThreads);
           const uint32_t tile =
               Cfg::kDqInStage
                   ? q_tile(s) + (kCB == 1 ? 0 : c * Cfg::kQBytes) + (cb - cb_lo) * Cfg::kDqBlockBytes
@@ -892,10 +910,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
               asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(v0), "f"(v1) : "memory");
             }
           fence_proxy_async();
-          if constexpr (kDqWarp) {
-            named_barrier_arrive(kDqFullBarrier + c, kDqBarrierThreads);
-            return;
-          }
+          if constexpr (kDqWarp) return;  // warp 1 takes it from here (dQ full, below)
           named_barrier_sync(2 + c, kWarpgroupThreads);
           if (ct == 0) {  // rows past seqlen_q and columns past head_dim are clipped
 #pragma unroll
@@ -945,6 +960,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           put_dq(cb, dq);
         }
       }
+      if constexpr (kDqWarp) named_barrier_arrive(kDqFullBarrier + c, kDqBarrierThreads);
     }
   }
 
