@@ -210,9 +210,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // (score_step); the others, kBias included, form P^T while dP^T runs.
   constexpr bool kFused = kFeat == kScores || kFeat == kDropout;
   static_assert(kFeat == kPlain || kBM == 64, "the feature instances' bitmasks hold 64 queries");
-  // kDqWarp (the plain instance: in the feature instances it spilled 24-56
-  // bytes): named barriers 4 + c (warpgroup c's dQ tile written) and 6 + c
-  // (its reductions have read it), between that warpgroup and warp 1.
+  // kDqWarp, in the plain instance only: in the feature instances warp 1's
+  // loop spilled 24-56 bytes at the producer's 24 registers, and 32 cannot
+  // be had (128 x 32 + 256 x 240 exceeds the 168 x 384 the launch holds:
+  // the consumers' setmaxnreg.inc never returned). Named barriers 4 + c
+  // (warpgroup c's dQ tile written) and 6 + c (its reductions have read
+  // it), between that warpgroup and warp 1.
   constexpr bool kDqWarp = Cfg::kDqWarp && kFeat == kPlain;
   constexpr int kDqFullBarrier = 4, kDqEmptyBarrier = 6;
   constexpr int kDqBarrierThreads = kWarpgroupThreads + kWarpSize;
@@ -869,7 +872,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // Every consumer thread arrives: each has read this stage's lse and
         // delta with ordinary loads, and its own arrive releases them.
         // kDqInStage: dQ goes into the stage once both warpgroups are done
-        // with it, and thread 0 arrives in the next step.
+        // with it, and thread 0's arrive waits for the reductions' reads
+        // (in the next step, or from warp 1 with kDqWarp).
         if constexpr (Cfg::kDqInStage) named_barrier_sync(1, Cfg::kConsumers * kWarpgroupThreads);
         if (!Cfg::kDqInStage || ct != 0) mbar_arrive(ring.empty(s));
       };
