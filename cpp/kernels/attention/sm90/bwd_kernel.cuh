@@ -9,7 +9,8 @@
 //   dV += P^T dO, dS^T = P^T (dP^T - delta), dK += dS^T Q   (P, dS from registers;
 //                                                            kSplitD: shared memory)
 //   dQ += dS K  (dS^T staged in shared memory; fp32 into dq_accum by TMA
-//                bulk reduce-add, kDqTma, or red.add)
+//                bulk reduce-add, kDqTma, or red.add; kDqWarp: the
+//                reductions issued by warp 1 of the producer warpgroup)
 // The deterministic path stays on the portable kernels. Segment ids, the
 // boolean mask, soft cap, bias and dropout run in separate instances of the
 // same kernel (kFeat, features.cuh); with soft cap or dropout, or a bias
@@ -944,7 +945,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // (H200, plain instance alone: 1-2.5% faster). Not at head dim 64's
       // 128-query steps, whose plain instance then spilled 52 bytes (28
       // before) and ran 7-9% slower, nor in the fused soft-cap and dropout
-      // instances (soft cap 2% slower, its spill reloads 84 -> 96 bytes).
+      // instances (soft cap 2% slower).
       constexpr bool kDqEarly = Cfg::kDqTma && !Cfg::kDqInStage && !Cfg::kDqByKeys &&
                                 !Cfg::kDqByRows && kCB == Cfg::kConsumers && !kFused;
       if constexpr (kDqEarly) {
