@@ -44,11 +44,11 @@ class ActivationSpec:
 
   @property
   def gated(self) -> bool:
-    return self.op in ("swiglu", "geglu", "geglu_erf")
+    return self.op.removesuffix("_erf") in ("swiglu", "geglu")
 
   @property
   def has_bias(self) -> bool:
-    return self.op.startswith("bias_gelu")
+    return self.op.removesuffix("_erf") == "bias_gelu"
 
   @property
   def in_cols(self) -> int:
