@@ -79,7 +79,7 @@ struct FwdConfig {
   static constexpr int kQAllBytes = kQBufs * kQBytes;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // one of K or V
   static constexpr int kStageBytes = 2 * kKVBytes;
-  static_assert(kQBytes <= kStageBytes, "O fits a stage");
+  static_assert(!kOInStage || kQBytes <= kStageBytes, "O fits a stage");
   // The ring's barriers (its `once` is buffer 0's Q arrival; with kSplitKV
   // they serve K, and a second ring's serve V), the other Q buffers'
   // arrivals and every Q buffer's release.
