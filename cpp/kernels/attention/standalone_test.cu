@@ -577,6 +577,17 @@ std::vector<Case> cases() {
       }
     }
   }
+  // Long sequences: many work items per persistent CTA (with
+  // JAXCRAFT_ATTENTION_PERSISTENT_CTAS) and many backward steps per CTA,
+  // where barrier protocols get tested that short runs pass by luck (a
+  // warpgroup running ahead of another over many steps hung the head-dim-256
+  // backward at the benchmark shapes while every short case passed).
+  for (int H : {64, 128, 256})
+    for (bool causal : {true, false}) {
+      char name[128];
+      std::snprintf(name, sizeof name, "bf16 H%d T2048 S2048 N2/1 long %s", H, causal ? "causal" : "full");
+      out.push_back({1, 2048, 2048, 2, 1, H, causal, 0, -1, -1, {}, {}, DType::kBF16, name});
+    }
   return out;
 }
 
