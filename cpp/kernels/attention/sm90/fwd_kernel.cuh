@@ -733,16 +733,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         values_read(it);
       }
     }
-    // Software-pipelined within the warpgroup: tile it's scores are computed
-    // while tile it - 1's P V runs, and their softmax (the exponentials) runs
-    // under that product too; O is rescaled only once P V has landed.
     // kStagger: both warpgroups start an item on the same Q and K arrivals;
     // the second issues its first S = Q K^T only once the first has issued
     // its own, so that the first's softmax runs under the second's product
     // instead of both softmaxes leaving the tensor cores idle. The first
     // cannot arrive for the next item before the second passed here: with
     // O in the stage its epilogue waits for every warp's last S = Q K^T, and
-    // without it the launch is one item per CTA.
+    // without it the launch is one item per CTA. (The second's wait holds
+    // the previous item's O stage a little longer; the first's first tile
+    // never sits in that stage.)
     constexpr bool kStagger = Cfg::kStagger && kFeat == kPlain;
     constexpr int kStaggerBarrier = 2 + Cfg::kConsumers;
     auto stagger_first = [&] {
@@ -751,6 +750,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     };
     if constexpr (kStagger)
       if (c == 1 && n_tiles > 0) named_barrier_sync(kStaggerBarrier, 2 * kWarpgroupThreads);
+    // Software-pipelined within the warpgroup: tile it's scores are computed
+    // while tile it - 1's P V runs, and their softmax (the exponentials) runs
+    // under that product too; O is rescaled only once P V has landed.
     if (Cfg::kOverlap && n_live > 0) {
       ring.wait_full(it0);
       issue_scores(0);
