@@ -344,6 +344,7 @@ int main(int argc, char** argv) {
       time_case(Activation::kGeluTanh, false, true, 16384, C, copy);
     }
     time_case(Activation::kGeluErf, false, false, 16384, 14336, copy);
+    time_case(Activation::kGeluErf, false, true, 16384, 14336, copy);
     time_case(Activation::kSilu, true, false, 16384, 14336, copy);
     time_case(Activation::kGeluTanh, true, false, 16384, 14336, copy);
     time_case(Activation::kGeluErf, true, false, 16384, 14336, copy);
