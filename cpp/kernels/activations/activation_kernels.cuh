@@ -27,14 +27,14 @@ constexpr int kMinBlocksPerSM = 4;
 // Rows a thread loads before it computes any. HBM3 needs ~20-40 KB of loads
 // in flight per SM; with 1024+ threads per SM, the forward's 2 rows x 1-2
 // 16-byte loads give 32-64 KB, the backward's 1 row x 2-3 loads 32-48 KB
-// (2 rows spilled registers at the 64-register cap). The ungated tanh form's
-// forward (about 13 instructions per element) takes 4 rows, in chunks of 4
-// rows (one round of loads per thread; launch_activations.cu). H200, bf16:
-// gelu [16k, 4096] 77.0 -> 75.5 us, [16k, 14336] 236.7 -> 228.5; bias_gelu
-// 71.9 -> 68.7, 243.8 -> 237.1. At 4 rows the gated forms spill 92-102
-// bytes (their forward ran twice as long) and the erf form ran 4% slower.
-template <Activation kAct, bool kGated>
-constexpr int kFwdRowsInFlight = !kGated && kAct == Activation::kGeluTanh ? 4 : 2;
+// (2 rows spilled registers at the 64-register cap). The ungated forwards
+// take 4 rows, in chunks of 4 rows (one round of loads per thread;
+// launch_activations.cu). H200, bf16: gelu [16k, 4096] 77.0 -> 75.5 us,
+// [16k, 14336] 236.7 -> 228.5; bias_gelu 71.9 -> 68.7, 243.8 -> 237.1; the
+// erf form (since its one-reciprocal CDF) 261.2 -> 254.5 at 14336. At 4
+// rows the gated forms spill 92-102 bytes (their forward ran twice as long).
+template <bool kGated>
+constexpr int kFwdRowsInFlight = kGated ? 2 : 4;
 constexpr int kBwdRowsInFlight = 1;
 
 // The math a kernel on storage type T runs: Act, but the erf form without
@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM)
   T* __restrict__ y = static_cast<T*>(p.y) + col;
   float bias[kN] = {};
   if (!kGated && p.bias) load_f32(p.bias + col, bias);
-  constexpr int kRows = kFwdRowsInFlight<kAct, kGated>;
+  constexpr int kRows = kFwdRowsInFlight<kGated>;
   for (int64_t chunk = blockIdx.y; chunk < num_chunks; chunk += gridDim.y) {
     const int64_t begin = chunk * rows_per_chunk;
     const int64_t end = begin + rows_per_chunk < p.rows ? begin + rows_per_chunk : p.rows;

@@ -102,15 +102,15 @@ JAXCRAFT_ACT_FN float act_reciprocal(float x) {
 #endif
 }
 
-// erfc(x), and exp(-x^2) into gauss (the erf form's derivative needs both);
-// kExpCorrected: device_math.h.
+// Phi(h) = erfc(-h / sqrt 2) / 2, and exp(-h^2 / 2) into gauss (the erf
+// form's derivative needs both); kExpCorrected: device_math.h.
 template <bool kExpCorrected = true>
-JAXCRAFT_ACT_FN float act_erfc(float x, float& gauss) {
+JAXCRAFT_ACT_FN float act_normal_cdf(float h, float& gauss) {
 #ifdef __CUDA_ARCH__
-  return device_erfc<kExpCorrected>(x, gauss);
+  return device_normal_cdf<kExpCorrected>(h, gauss);
 #else
-  gauss = host_expf(-x * x);
-  return erfcf(x);
+  gauss = host_expf(-0.5f * h * h);
+  return 0.5f * erfcf(-h * kInvSqrt2);
 #endif
 }
 
@@ -148,15 +148,14 @@ struct Act<Activation::kGeluTanh> {
 // The erf form; kExpCorrected = false for 16-bit outputs (device_math.h).
 template <bool kExpCorrected>
 struct GeluErf {
-  // f = h Phi(h), Phi(h) = erfc(x) / 2 with x = -h / sqrt 2;
-  // f' = Phi(h) + h phi(h), phi(h) = exp(-x^2) / sqrt(2 pi).
+  // f = h Phi(h); f' = Phi(h) + h phi(h), phi(h) = exp(-h^2 / 2) / sqrt(2 pi).
   static JAXCRAFT_ACT_FN float value(float h) {
     float gauss;
-    return h * (0.5f * act_erfc<kExpCorrected>(-h * kInvSqrt2, gauss));
+    return h * act_normal_cdf<kExpCorrected>(h, gauss);
   }
   static JAXCRAFT_ACT_FN float value_and_grad(float h, float& grad) {
     float gauss;
-    const float cdf = 0.5f * act_erfc<kExpCorrected>(-h * kInvSqrt2, gauss);
+    const float cdf = act_normal_cdf<kExpCorrected>(h, gauss);
     grad = cdf + h * (kInvSqrt2Pi * gauss);
     return h * cdf;
   }

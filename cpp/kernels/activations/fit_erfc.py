@@ -1,4 +1,4 @@
-"""Fits the polynomials of device_math.h's device_erfc (python fit_erfc.py prints them).
+"""Fits the polynomials of device_math.h's device_normal_cdf (python fit_erfc.py prints them).
 
 For a = |x| in [0, kMaxArg], erfc(a) = u P(u) exp(-a^2) with u = 1 / (1 + K a)
 in [0.165, 1]: the quotient g = erfc(a) exp(a^2) / u is smooth there (it
@@ -6,7 +6,8 @@ tends to K / sqrt(pi) as a grows), so a polynomial of low degree holds it.
 Least squares on 4000 Chebyshev-spaced points, reweighted towards the largest
 relative errors (Lawson's iteration, which approaches the minimax fit).
 Degree 8 gives 4.3e-8 relative (for float32 outputs), degree 6 1.4e-6 (for
-16-bit outputs, whose exp(-a^2) is off by up to 6e-6 anyway).
+16-bit outputs, whose exp(-a^2) is off by up to 6e-6 anyway). Printed halved:
+the device evaluates Phi(-|h|) = erfc(|h| / sqrt 2) / 2 = u P(u) / 2 exp(-h^2 / 2).
 """
 
 import math
@@ -14,7 +15,7 @@ import math
 import numpy as np
 
 K = 0.5
-MAX_ARG = 10.1  # device_erfc's kMaxArg: erfc(10.1) = 7e-46 is zero in float32
+MAX_ARG = 10.1  # device_normal_cdf's kMaxArg / sqrt 2: erfc(10.1) = 7e-46 is zero in float32
 DEGREES = (8, 6)
 
 
@@ -36,4 +37,4 @@ if __name__ == "__main__":
   for degree in DEGREES:
     coef, err = fit(degree)
     print(f"// degree {degree}, highest first; max relative error of the fit: {err:.1e}")
-    print(", ".join("%.9ef" % float(c) for c in coef[::-1]))
+    print(", ".join("%.9ef" % (float(c) / 2) for c in coef[::-1]))

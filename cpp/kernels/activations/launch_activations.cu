@@ -71,7 +71,7 @@ Launch plan(int64_t rows, int64_t vectors, int64_t partials, int64_t chunk_rows 
 
 template <typename T, Activation kAct, bool kGated, int kN>
 cudaError_t fwd_launch(const ActivationFwdParams& p, cudaStream_t stream) {
-  constexpr int kRows = activation::kFwdRowsInFlight<kAct, kGated>;
+  constexpr int kRows = activation::kFwdRowsInFlight<kGated>;
   const Launch l = plan(p.rows, p.cols / kN, 0, kRows == 4 ? kRows : kChunkRows);
   activation::activation_fwd_kernel<T, kAct, kGated, kN>
       <<<l.grid, l.block, 0, stream>>>(p, l.rows_per_chunk, l.num_chunks);
