@@ -10,27 +10,11 @@
 // exp(x - max). Needs
 // cols % (16 / sizeof(T)) == 0 and 16-byte aligned buffers.
 #pragma once
-#include "common/fast_math.cuh"
 #include "kernels/softmax/row_ring.cuh"
 #include "kernels/softmax/softmax_common.cuh"
 
 namespace jaxcraft {
 namespace softmax {
-
-// exp(x - m) for an output stored as T, m_log2e = m log2(e). 16-bit outputs
-// keep 8-11 bits, so one FFMA and MUFU.EX2 (ex2.approx, ~2^-22 relative) is
-// exact enough, where expf is ~10 instructions: the bf16 forward issued
-// instructions in 73% of the cycles at 4096 columns under ncu (thirteenth
-// session). float32 outputs keep expf. x = m = -inf (a kept all -inf row)
-// gives NaN, as jax.
-template <typename T>
-__device__ __forceinline__ float exp_shifted(float x, float m, float m_log2e) {
-  if constexpr (sizeof(T) == sizeof(float)) {
-    return expf(x - m);
-  } else {
-    return fast_exp2(fmaf(x, kLog2e, -m_log2e));
-  }
-}
 
 // ------------------------------------------------------------------ forward
 // The factor exp(m - M) / S that turns a CTA's exp(x - m) (m its own max)

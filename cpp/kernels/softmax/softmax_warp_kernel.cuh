@@ -1,0 +1,98 @@
+// Softmax forward with one warp per row and the row held in registers as
+// stored: unmasked 16-bit rows of up to 32 x kVecs 16-byte vectors (4096
+// columns at kVecs = 16: 64 registers). No shared memory and no barrier: a
+// warp loads its whole row at once, reduces the max and then the sum by
+// shuffles and writes y, while the SM's other warps (about 24 at 4096
+// columns) keep their loads in flight. The rows kernels at these widths
+// give a row to a block of 64-128 threads, with a block barrier per
+// reduction and the rows staged through shared memory (bench/NOTES.md).
+// Each exponential is computed twice, for the sum and for y: holding
+// exp(x - max) in float32 would take twice the registers of the row.
+#pragma once
+#include <math_constants.h>
+
+#include "kernels/softmax/softmax_common.cuh"
+
+namespace jaxcraft {
+namespace softmax {
+
+// Elements 2k and 2k + 1 of a vector as float32, converted afresh at every
+// call: `asm volatile` is never merged with an earlier conversion, so the
+// compiler cannot keep the row's float32 copy alive across the reductions
+// (with the plain conversions the bf16 kernel took 160 registers).
+__device__ __forceinline__ float2 unpack_pair(uint32_t w, __nv_bfloat16) {
+  uint32_t lo, hi;
+  asm volatile("{\n\tshl.b32 %0, %2, 16;\n\tand.b32 %1, %2, 0xffff0000;\n\t}" : "=r"(lo), "=r"(hi) : "r"(w));
+  return make_float2(__uint_as_float(lo), __uint_as_float(hi));
+}
+__device__ __forceinline__ float2 unpack_pair(uint32_t w, __half) {
+  float lo, hi;
+  asm volatile("{\n\t.reg .f16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;\n\t}"
+               : "=f"(lo), "=f"(hi)
+               : "r"(w));
+  return make_float2(lo, hi);
+}
+
+template <typename T>
+__device__ __forceinline__ float2 element_pair(const Vec<T>& v, int k) {
+  return unpack_pair(reinterpret_cast<const uint32_t*>(v.v)[k], T{});
+}
+
+template <typename T, int kVecs>
+__global__ void __launch_bounds__(kNarrowBlock, 3) softmax_fwd_warp_kernel(const SoftmaxFwdParams p) {
+  static_assert(sizeof(T) == 2, "16-bit rows: a vector is 4 registers");
+  constexpr int kN = Vec<T>::kN;
+  const int64_t row = int64_t(blockIdx.x) * (kNarrowBlock / kWarp) + threadIdx.x / kWarp;
+  if (row >= p.rows) return;  // the whole warp
+  const int lane = threadIdx.x % kWarp;
+  const int vectors = static_cast<int>(p.cols / kN);
+  // Lane l holds vectors l, l + 32, ...: each load instruction of the warp
+  // reads 512 consecutive bytes.
+  const T* x = static_cast<const T*>(p.x) + row * p.cols + lane * kN;
+  T* y = static_cast<T*>(p.y) + row * p.cols + lane * kN;
+  auto owns = [&](int i) { return lane + kWarp * i < vectors; };
+  Vec<T> v[kVecs];
+#pragma unroll
+  for (int i = 0; i < kVecs; ++i)
+    if (owns(i)) v[i] = load_vec(x + kWarp * kN * i);
+  // As the rows kernels: a NaN or +inf in the row makes the sum and so the
+  // row NaN, and an all -inf row gives exp(-inf + inf) = NaN, as jax.
+  float m = -CUDART_INF_F;
+#pragma unroll
+  for (int i = 0; i < kVecs; ++i)
+    if (owns(i))
+#pragma unroll
+      for (int k = 0; k < kN / 2; ++k) {
+        const float2 e = element_pair(v[i], k);
+        m = fmaxf(m, fmaxf(e.x, e.y));
+      }
+  m = group_reduce<kWarp>(m, nullptr, Max{});
+  const float m_log2e = m * kLog2e;
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < kVecs; ++i)
+    if (owns(i))
+#pragma unroll
+      for (int k = 0; k < kN / 2; ++k) {
+        const float2 e = element_pair(v[i], k);
+        s += exp_shifted<T>(e.x, m, m_log2e);
+        s += exp_shifted<T>(e.y, m, m_log2e);
+      }
+  const float inv = 1.f / group_reduce<kWarp>(s, nullptr, Sum{});
+#pragma unroll
+  for (int i = 0; i < kVecs; ++i) {
+    if (owns(i)) {
+      Vec<T> out;
+#pragma unroll
+      for (int k = 0; k < kN / 2; ++k) {
+        const float2 e = element_pair(v[i], k);
+        out.v[2 * k] = from_f32<T>(exp_shifted<T>(e.x, m, m_log2e) * inv);
+        out.v[2 * k + 1] = from_f32<T>(exp_shifted<T>(e.y, m, m_log2e) * inv);
+      }
+      store_vec(y + kWarp * kN * i, out);
+    }
+  }
+}
+
+}  // namespace softmax
+}  // namespace jaxcraft
