@@ -44,8 +44,8 @@ int split_for(int64_t needed) { return needed <= 2 ? 2 : (needed <= 4 ? 4 : 8); 
 // bf16 / 16K f32 columns; the backward half that), then a cluster of up to 8
 // such blocks per row (256K bf16 / 128K f32 columns forward; sm_90+, else
 // launch_rows declines). Wider rows stream from global memory twice.
-// (Unmasked 16-bit forwards of 129..512 vectors take the warp kernel
-// instead: launch_fwd_warp.)
+// (Unmasked forwards of up to 4096 columns take the warp kernel instead:
+// launch_fwd_warp.)
 Config pick_config(int64_t vectors, bool backward) {
   if (vectors <= 32) return {32, 1};
   if (vectors <= 64) return {32, 2};
@@ -212,29 +212,31 @@ int bwd_stage_bytes(int threads, int vecs) {
         bwd_stage_bytes<T>(block_threads<G>(), V), p, stream, &err);                  \
     break;
 
-// Unmasked 16-bit rows of 129..512 vectors (1032..4096 columns) take the
-// warp-per-row kernel (softmax_warp_kernel.cuh), 8 or 16 vectors per lane.
-// H200, against the rows kernels in the same process: bf16 [16k, 4096]
-// 80.6 -> 72.1 us, f16 85.5 -> 75.5, bf16 [16k, 2048] 42.3 -> 39.3. False,
-// launching nothing, for any other row.
-constexpr int kWarpRowVecs = 16;
-constexpr int64_t kWarpRowMinVectors = 129, kWarpRowMaxVectors = softmax::kWarp * kWarpRowVecs;
-
+// Unmasked rows of up to 4096 columns take the warp-per-row kernel
+// (softmax_warp_kernel.cuh): 16-bit rows of 129..512 vectors (1032..4096
+// columns, 8 or 16 vectors per lane) and float32 rows of 513..1024 vectors
+// (2052..4096 columns, 32 per lane: at 2048 columns, 16 per lane spilled
+// and tied the rows kernel). Against the rows kernels in the same process:
+// H200 bf16 [16k, 4096] 80.6 -> 72.1 us, f16 85.5 -> 75.5, bf16 [16k, 2048]
+// 42.3 -> 39.3; H100 f32 [16k, 4096] 224.0 -> 214.1. False, launching
+// nothing, for any other row.
 template <typename T>
 bool launch_fwd_warp(const SoftmaxFwdParams& p, cudaStream_t stream) {
-  if constexpr (sizeof(T) != 2) {
-    return false;
-  } else {
-    const int64_t vectors = p.cols / Vec<T>::kN;
-    if (p.mask || vectors < kWarpRowMinVectors || vectors > kWarpRowMaxVectors) return false;
-    constexpr int kRowsPerBlock = softmax::kNarrowBlock / softmax::kWarp;
-    const auto grid = static_cast<unsigned>(ceil_div(p.rows, kRowsPerBlock));
-    if (vectors <= kWarpRowMaxVectors / 2)
-      softmax::softmax_fwd_warp_kernel<T, kWarpRowVecs / 2><<<grid, softmax::kNarrowBlock, 0, stream>>>(p);
-    else
-      softmax::softmax_fwd_warp_kernel<T, kWarpRowVecs><<<grid, softmax::kNarrowBlock, 0, stream>>>(p);
-    return true;
+  constexpr bool kF32 = sizeof(T) == sizeof(float);
+  constexpr int kMaxVecs = kF32 ? 32 : 16;  // per lane
+  constexpr int64_t kMaxVectors = softmax::kWarp * kMaxVecs, kMinVectors = kMaxVectors / (kF32 ? 2 : 4) + 1;
+  const int64_t vectors = p.cols / Vec<T>::kN;
+  if (p.mask || vectors < kMinVectors || vectors > kMaxVectors) return false;
+  constexpr int kRowsPerBlock = softmax::kNarrowBlock / softmax::kWarp;
+  const auto grid = static_cast<unsigned>(ceil_div(p.rows, kRowsPerBlock));
+  if constexpr (!kF32) {
+    if (vectors <= kMaxVectors / 2) {
+      softmax::softmax_fwd_warp_kernel<T, kMaxVecs / 2><<<grid, softmax::kNarrowBlock, 0, stream>>>(p);
+      return true;
+    }
   }
+  softmax::softmax_fwd_warp_kernel<T, kMaxVecs><<<grid, softmax::kNarrowBlock, 0, stream>>>(p);
+  return true;
 }
 
 template <typename T>

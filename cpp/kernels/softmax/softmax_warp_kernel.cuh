@@ -1,13 +1,13 @@
 // Softmax forward with one warp per row and the row held in registers as
-// stored: unmasked 16-bit rows of up to 32 x kVecs 16-byte vectors (4096
-// columns at kVecs = 16: 64 registers). No shared memory and no barrier: a
-// warp loads its whole row at once, reduces the max and then the sum by
-// shuffles and writes y, while the SM's other warps (about 24 at 4096
-// columns) keep their loads in flight. The rows kernels at these widths
-// give a row to a block of 64-128 threads, with a block barrier per
-// reduction and the rows staged through shared memory (bench/NOTES.md).
-// Each exponential is computed twice, for the sum and for y: holding
-// exp(x - max) in float32 would take twice the registers of the row.
+// stored: unmasked rows of up to 32 x kVecs 16-byte vectors (4096 columns:
+// 64 registers per lane at 16 bits, 128 at float32). No shared memory and
+// no barrier: a warp loads its whole row at once, reduces the max and then
+// the sum by shuffles and writes y, while the SM's other warps keep their
+// loads in flight. The rows kernels at these widths give a row to a block
+// of 64-256 threads, with a block barrier per reduction and the rows staged
+// through shared memory (bench/NOTES.md). Each exponential is computed
+// twice, for the sum and for y: holding exp(x - max) in float32 would take
+// twice the registers of a 16-bit row.
 #pragma once
 #include <math_constants.h>
 
@@ -35,12 +35,21 @@ __device__ __forceinline__ float2 unpack_pair(uint32_t w, __half) {
 
 template <typename T>
 __device__ __forceinline__ float2 element_pair(const Vec<T>& v, int k) {
-  return unpack_pair(reinterpret_cast<const uint32_t*>(v.v)[k], T{});
+  if constexpr (sizeof(T) == sizeof(float))
+    return make_float2(v.v[2 * k], v.v[2 * k + 1]);
+  else
+    return unpack_pair(reinterpret_cast<const uint32_t*>(v.v)[k], T{});
 }
 
+// Blocks per SM the register cap aims at: 3 (85 registers) while the row
+// takes 64 registers per lane, else 1 (a float32 row of 4096 columns takes
+// 128 of its 163).
+template <int kVecs>
+constexpr int kWarpRowMinBlocks = kVecs <= 16 ? 3 : 1;
+
 template <typename T, int kVecs>
-__global__ void __launch_bounds__(kNarrowBlock, 3) softmax_fwd_warp_kernel(const SoftmaxFwdParams p) {
-  static_assert(sizeof(T) == 2, "16-bit rows: a vector is 4 registers");
+__global__ void __launch_bounds__(kNarrowBlock, kWarpRowMinBlocks<kVecs>)
+    softmax_fwd_warp_kernel(const SoftmaxFwdParams p) {
   constexpr int kN = Vec<T>::kN;
   const int64_t row = int64_t(blockIdx.x) * (kNarrowBlock / kWarp) + threadIdx.x / kWarp;
   if (row >= p.rows) return;  // the whole warp

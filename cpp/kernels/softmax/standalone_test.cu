@@ -225,12 +225,13 @@ int main(int argc, char** argv) {
   // 128K one (the rows kernels split over clusters of 2-8 blocks on sm_90);
   // more rows than one grid covers (grid-stride), and more rows than the
   // resident blocks (clusters) of the rows kernels hold (each walks several
-  // rows through its ring, masked at 2048 and 65536 columns).
+  // rows through its ring, masked at 2048 and 65536 columns); a width the
+  // warp-per-row forward covers with partly filled lanes (3000).
   const int64_t kShapes[][2] = {{1, 1},     {3, 7},       {5, 8},       {2, 257},    {67, 96},
                                 {9, 1000},  {4, 2048},    {3, 4096},    {3, 4097},   {2, 8192},
                                 {2, 16384}, {2, 32768},   {2, 50257},   {2, 131072}, {70000, 16},
                                 {5000, 2048}, {3000, 4096}, {400, 16384}, {400, 32768},
-                                {300, 65536}};
+                                {300, 65536}, {7, 3000}};
   const DType kTypes[] = {DType::kBF16, DType::kF32, DType::kF16};
   std::vector<Case> cases;
   for (DType dt : kTypes)
