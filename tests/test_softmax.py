@@ -102,7 +102,8 @@ def test_axes(platform, axis):
                              rtol=1e-5, atol=1e-6)
 
 
-GRADS = [(jnp.float32, (4, 7)), (jnp.float32, (2, 4097)), (jnp.bfloat16, (3, 4096)), (jnp.float16, (4, 1000))]
+GRADS = [(jnp.float32, (4, 7)), (jnp.float32, (2, 4097)), (jnp.bfloat16, (3, 4096)), (jnp.bfloat16, (5, 2000)),
+         (jnp.float16, (4, 1000))]
 
 
 @pytest.mark.parametrize("dtype,shape", GRADS, ids=[f"{d.__name__}-{s[-1]}" for d, s in GRADS])

@@ -1,5 +1,5 @@
-// Softmax forward with one warp per row and the row held in registers as
-// stored: unmasked rows of up to 32 x kVecs 16-byte vectors (4096 columns:
+// Softmax with one warp per row and the row held in registers as stored.
+// Forward: unmasked rows of up to 32 x kVecs 16-byte vectors (4096 columns:
 // 64 registers per lane at 16 bits, 128 at float32). No shared memory and
 // no barrier: a warp loads its whole row at once, reduces the max and then
 // the sum by shuffles and writes y, while the SM's other warps keep their
@@ -99,6 +99,58 @@ __global__ void __launch_bounds__(kNarrowBlock, kWarpRowMinBlocks<kVecs>)
         out.v[2 * k + 1] = from_f32<T>(exp_shifted<T>(e.y, m, m_log2e) * inv);
       }
       store_vec(y + kWarp * kN * i, out);
+    }
+  }
+}
+
+// The backward on the same layout: y and dy held as stored (16-bit rows of
+// 4096 columns: 128 registers), dx = y (dy - sum(y dy)) with the dot reduced
+// by shuffles. kBwdWarpBlock-thread blocks: at ~150 registers three of them
+// (12 warps) fit an SM where one 256-thread block would.
+constexpr int kBwdWarpBlock = 128;
+
+template <typename T, int kVecs>
+__global__ void __launch_bounds__(kBwdWarpBlock) softmax_bwd_warp_kernel(const SoftmaxBwdParams p) {
+  constexpr int kN = Vec<T>::kN;
+  const int64_t row = int64_t(blockIdx.x) * (kBwdWarpBlock / kWarp) + threadIdx.x / kWarp;
+  if (row >= p.rows) return;  // the whole warp
+  const int lane = threadIdx.x % kWarp;
+  const int vectors = static_cast<int>(p.cols / kN);
+  const int64_t at = row * p.cols + lane * kN;
+  const T* y = static_cast<const T*>(p.y) + at;
+  const T* dy = static_cast<const T*>(p.dy) + at;
+  T* dx = static_cast<T*>(p.dx) + at;
+  auto owns = [&](int i) { return lane + kWarp * i < vectors; };
+  Vec<T> yv[kVecs], gv[kVecs];
+#pragma unroll
+  for (int i = 0; i < kVecs; ++i) {
+    if (owns(i)) {
+      yv[i] = load_vec(y + kWarp * kN * i);
+      gv[i] = load_vec(dy + kWarp * kN * i);
+    }
+  }
+  float dot = 0.f;
+#pragma unroll
+  for (int i = 0; i < kVecs; ++i)
+    if (owns(i))
+#pragma unroll
+      for (int k = 0; k < kN / 2; ++k) {
+        const float2 a = element_pair(yv[i], k), b = element_pair(gv[i], k);
+        dot += a.x * b.x;
+        dot += a.y * b.y;
+      }
+  dot = group_reduce<kWarp>(dot, nullptr, Sum{});
+#pragma unroll
+  for (int i = 0; i < kVecs; ++i) {
+    if (owns(i)) {
+      Vec<T> out;
+#pragma unroll
+      for (int k = 0; k < kN / 2; ++k) {
+        const float2 a = element_pair(yv[i], k), b = element_pair(gv[i], k);
+        out.v[2 * k] = from_f32<T>(a.x * (b.x - dot));
+        out.v[2 * k + 1] = from_f32<T>(a.y * (b.y - dot));
+      }
+      store_vec(dx + kWarp * kN * i, out);
     }
   }
 }
