@@ -41,6 +41,37 @@ __device__ __forceinline__ float2 element_pair(const Vec<T>& v, int k) {
     return unpack_pair(reinterpret_cast<const uint32_t*>(v.v)[k], T{});
 }
 
+// The row warp w of a kBlock-thread block takes (row blockIdx.x kBlock / 32
+// + w), and its lane's vectors: lane l holds vectors l, l + 32, ..., so each
+// load instruction of the warp reads 512 consecutive bytes.
+template <typename T, int kBlock>
+struct WarpRow {
+  static constexpr int kN = Vec<T>::kN;
+  static constexpr int kStride = kWarp * kN;  // elements from one of a lane's vectors to the next
+  int64_t row;
+  int lane, vectors;
+  __device__ WarpRow(int64_t cols)
+      : row(int64_t(blockIdx.x) * (kBlock / kWarp) + threadIdx.x / kWarp),
+        lane(threadIdx.x % kWarp),
+        vectors(static_cast<int>(cols / kN)) {}
+  __device__ int64_t first(int64_t cols) const { return row * cols + lane * kN; }  // vector 0's element
+  __device__ bool owns(int i) const { return lane + kWarp * i < vectors; }
+  // f(i) for every vector i this lane holds.
+  template <int kVecs, class F>
+  __device__ __forceinline__ void for_owned(F f) const {
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i)
+      if (owns(i)) f(i);
+  }
+};
+
+// f(k) for each element pair k of a vector of T.
+template <typename T, class F>
+__device__ __forceinline__ void for_pairs(F f) {
+#pragma unroll
+  for (int k = 0; k < Vec<T>::kN / 2; ++k) f(k);
+}
+
 // Blocks per SM the register cap aims at: 3 (85 registers) while the row
 // takes 64 registers per lane, else 1 (a float32 row of 4096 columns takes
 // 128 of its 163).
@@ -50,109 +81,80 @@ constexpr int kWarpRowMinBlocks = kVecs <= 16 ? 3 : 1;
 template <typename T, int kVecs>
 __global__ void __launch_bounds__(kNarrowBlock, kWarpRowMinBlocks<kVecs>)
     softmax_fwd_warp_kernel(const SoftmaxFwdParams p) {
-  constexpr int kN = Vec<T>::kN;
-  const int64_t row = int64_t(blockIdx.x) * (kNarrowBlock / kWarp) + threadIdx.x / kWarp;
-  if (row >= p.rows) return;  // the whole warp
-  const int lane = threadIdx.x % kWarp;
-  const int vectors = static_cast<int>(p.cols / kN);
-  // Lane l holds vectors l, l + 32, ...: each load instruction of the warp
-  // reads 512 consecutive bytes.
-  const T* x = static_cast<const T*>(p.x) + row * p.cols + lane * kN;
-  T* y = static_cast<T*>(p.y) + row * p.cols + lane * kN;
-  auto owns = [&](int i) { return lane + kWarp * i < vectors; };
+  const WarpRow<T, kNarrowBlock> w(p.cols);
+  if (w.row >= p.rows) return;  // the whole warp
+  const T* x = static_cast<const T*>(p.x) + w.first(p.cols);
+  T* y = static_cast<T*>(p.y) + w.first(p.cols);
   Vec<T> v[kVecs];
-#pragma unroll
-  for (int i = 0; i < kVecs; ++i)
-    if (owns(i)) v[i] = load_vec(x + kWarp * kN * i);
+  w.template for_owned<kVecs>([&](int i) { v[i] = load_vec(x + w.kStride * i); });
   // As the rows kernels: a NaN or +inf in the row makes the sum and so the
   // row NaN, and an all -inf row gives exp(-inf + inf) = NaN, as jax.
   float m = -CUDART_INF_F;
-#pragma unroll
-  for (int i = 0; i < kVecs; ++i)
-    if (owns(i))
-#pragma unroll
-      for (int k = 0; k < kN / 2; ++k) {
-        const float2 e = element_pair(v[i], k);
-        m = fmaxf(m, fmaxf(e.x, e.y));
-      }
+  w.template for_owned<kVecs>([&](int i) {
+    for_pairs<T>([&](int k) {
+      const float2 e = element_pair(v[i], k);
+      m = fmaxf(m, fmaxf(e.x, e.y));
+    });
+  });
   m = group_reduce<kWarp>(m, nullptr, Max{});
   const float m_log2e = m * kLog2e;
   float s = 0.f;
-#pragma unroll
-  for (int i = 0; i < kVecs; ++i)
-    if (owns(i))
-#pragma unroll
-      for (int k = 0; k < kN / 2; ++k) {
-        const float2 e = element_pair(v[i], k);
-        s += exp_shifted<T>(e.x, m, m_log2e);
-        s += exp_shifted<T>(e.y, m, m_log2e);
-      }
+  w.template for_owned<kVecs>([&](int i) {
+    for_pairs<T>([&](int k) {
+      const float2 e = element_pair(v[i], k);
+      s += exp_shifted<T>(e.x, m, m_log2e);
+      s += exp_shifted<T>(e.y, m, m_log2e);
+    });
+  });
   const float inv = 1.f / group_reduce<kWarp>(s, nullptr, Sum{});
-#pragma unroll
-  for (int i = 0; i < kVecs; ++i) {
-    if (owns(i)) {
-      Vec<T> out;
-#pragma unroll
-      for (int k = 0; k < kN / 2; ++k) {
-        const float2 e = element_pair(v[i], k);
-        out.v[2 * k] = from_f32<T>(exp_shifted<T>(e.x, m, m_log2e) * inv);
-        out.v[2 * k + 1] = from_f32<T>(exp_shifted<T>(e.y, m, m_log2e) * inv);
-      }
-      store_vec(y + kWarp * kN * i, out);
-    }
-  }
+  w.template for_owned<kVecs>([&](int i) {
+    Vec<T> out;
+    for_pairs<T>([&](int k) {
+      const float2 e = element_pair(v[i], k);
+      out.v[2 * k] = from_f32<T>(exp_shifted<T>(e.x, m, m_log2e) * inv);
+      out.v[2 * k + 1] = from_f32<T>(exp_shifted<T>(e.y, m, m_log2e) * inv);
+    });
+    store_vec(y + w.kStride * i, out);
+  });
 }
 
 // The backward on the same layout: y and dy held as stored (16-bit rows of
 // 4096 columns: 128 registers), dx = y (dy - sum(y dy)) with the dot reduced
-// by shuffles. kBwdWarpBlock-thread blocks: at ~150 registers three of them
+// by shuffles. kBwdWarpBlock-thread blocks: at ~160 registers three of them
 // (12 warps) fit an SM where one 256-thread block would.
 constexpr int kBwdWarpBlock = 128;
 
 template <typename T, int kVecs>
 __global__ void __launch_bounds__(kBwdWarpBlock) softmax_bwd_warp_kernel(const SoftmaxBwdParams p) {
-  constexpr int kN = Vec<T>::kN;
-  const int64_t row = int64_t(blockIdx.x) * (kBwdWarpBlock / kWarp) + threadIdx.x / kWarp;
-  if (row >= p.rows) return;  // the whole warp
-  const int lane = threadIdx.x % kWarp;
-  const int vectors = static_cast<int>(p.cols / kN);
-  const int64_t at = row * p.cols + lane * kN;
-  const T* y = static_cast<const T*>(p.y) + at;
-  const T* dy = static_cast<const T*>(p.dy) + at;
-  T* dx = static_cast<T*>(p.dx) + at;
-  auto owns = [&](int i) { return lane + kWarp * i < vectors; };
+  const WarpRow<T, kBwdWarpBlock> w(p.cols);
+  if (w.row >= p.rows) return;  // the whole warp
+  const int64_t first = w.first(p.cols);
+  const T* y = static_cast<const T*>(p.y) + first;
+  const T* dy = static_cast<const T*>(p.dy) + first;
+  T* dx = static_cast<T*>(p.dx) + first;
   Vec<T> yv[kVecs], gv[kVecs];
-#pragma unroll
-  for (int i = 0; i < kVecs; ++i) {
-    if (owns(i)) {
-      yv[i] = load_vec(y + kWarp * kN * i);
-      gv[i] = load_vec(dy + kWarp * kN * i);
-    }
-  }
+  w.template for_owned<kVecs>([&](int i) {
+    yv[i] = load_vec(y + w.kStride * i);
+    gv[i] = load_vec(dy + w.kStride * i);
+  });
   float dot = 0.f;
-#pragma unroll
-  for (int i = 0; i < kVecs; ++i)
-    if (owns(i))
-#pragma unroll
-      for (int k = 0; k < kN / 2; ++k) {
-        const float2 a = element_pair(yv[i], k), b = element_pair(gv[i], k);
-        dot += a.x * b.x;
-        dot += a.y * b.y;
-      }
+  w.template for_owned<kVecs>([&](int i) {
+    for_pairs<T>([&](int k) {
+      const float2 a = element_pair(yv[i], k), b = element_pair(gv[i], k);
+      dot += a.x * b.x;
+      dot += a.y * b.y;
+    });
+  });
   dot = group_reduce<kWarp>(dot, nullptr, Sum{});
-#pragma unroll
-  for (int i = 0; i < kVecs; ++i) {
-    if (owns(i)) {
-      Vec<T> out;
-#pragma unroll
-      for (int k = 0; k < kN / 2; ++k) {
-        const float2 a = element_pair(yv[i], k), b = element_pair(gv[i], k);
-        out.v[2 * k] = from_f32<T>(a.x * (b.x - dot));
-        out.v[2 * k + 1] = from_f32<T>(a.y * (b.y - dot));
-      }
-      store_vec(dx + kWarp * kN * i, out);
-    }
-  }
+  w.template for_owned<kVecs>([&](int i) {
+    Vec<T> out;
+    for_pairs<T>([&](int k) {
+      const float2 a = element_pair(yv[i], k), b = element_pair(gv[i], k);
+      out.v[2 * k] = from_f32<T>(a.x * (b.x - dot));
+      out.v[2 * k + 1] = from_f32<T>(a.y * (b.y - dot));
+    });
+    store_vec(dx + w.kStride * i, out);
+  });
 }
 
 }  // namespace softmax
