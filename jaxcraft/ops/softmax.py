@@ -37,20 +37,21 @@ NO_MASK, SHARED_MASK, FULL_MASK = "none", "shared", "full"
 # e.g. the logits' scale or bias add, and consumer; a custom call is a fusion
 # barrier). Forward and backward choose independently: the backward kernel
 # needs only y and dy, whichever ran the forward.
-#   cuda: the kernels for rows of up to 512 KiB forward (256K bf16 / 128K
-#         f32 columns) and 256 KiB backward, the widest that thread-block
-#         clusters of 8 blocks hold (sm_90+; without clusters
-#         BLOCK_ROW_BYTES below), XLA beyond. Measured on the H100
-#         (`python bench/run.py --ops softmax`, kernel / jax.nn, us;
-#         bench/RESULTS.md, fourteenth session). Forward: [16k, 4k] bf16
-#         106 / 191, [16k, 32k] f32 1777 / 2837, [4k, 128k] bf16 962 / 1486,
-#         f32 1867 / 2825. Backward alone (dx from y and an independent dy):
-#         [16k, 4k] bf16 149 / 239, [16k, 8k] f32 567 / 877, [16k, 32k] f32
-#         2252 / 3506, [4k, 128k] bf16 1176 / 1763; f32 [4k, 128k] (512 KiB,
-#         streamed) 3545 / 3493, a tie, so XLA there. Where y is discarded
-#         and dy = y, XLA fuses the pair and never writes y: its fwd+bwd is
-#         then 1-16% faster past 64 KiB rows ([4k, 128k] bf16 1850 vs the
-#         policy's 2001), a program no model runs (y feeds the next layer).
+#   cuda: the kernels for rows of up to 512 KiB (256K bf16 / 128K f32
+#         columns), the widest that thread-block clusters of 8 blocks hold
+#         (sm_90+; without clusters BLOCK_ROW_BYTES below), XLA beyond.
+#         Measured on the H100 (`python bench/run.py --ops softmax`, kernel
+#         / jax.nn, us; bench/RESULTS.md, fourteenth and twenty-fifth
+#         sessions). Forward: [16k, 4k] bf16 106 / 191, [16k, 32k] f32
+#         1777 / 2837, [4k, 128k] bf16 962 / 1486, f32 1867 / 2825.
+#         Backward alone (dx from y and an independent dy): [16k, 4k] bf16
+#         149 / 239, [16k, 8k] f32 567 / 877, [16k, 32k] f32 2252 / 3506,
+#         [4k, 128k] bf16 1176 / 1763, f32 2249 / 3485 (before the
+#         four-vector clusters it streamed: 3545, a tie). Where y is
+#         discarded and dy = y, XLA fuses the pair and never writes y: its
+#         fwd+bwd is then 1-16% faster past 64 KiB rows ([4k, 128k] bf16
+#         1850 vs the policy's 2001), a program no model runs (y feeds the
+#         next layer).
 #   cpu:  XLA. Measured on a 2-core AVX2 machine shared with other jobs
 #         (kernel / XLA, ms): [1024, 4096] fwd 6.2 / 2.7 (f32), 7.5 / 4.1
 #         (bf16); fwd+bwd 7.7 / 3.6 (f32), 10.8 / 8.5 (bf16); [64, 50257]
@@ -60,7 +61,7 @@ NO_MASK, SHARED_MASK, FULL_MASK = "none", "shared", "full"
 DEFAULT_IMPLEMENTATION = {
     # platform: (forward, backward[, the widest row in bytes the forward
     # kernel is chosen for, the widest the backward kernel is])
-    "cuda": ("kernel", "kernel", 512 * 1024, 256 * 1024),
+    "cuda": ("kernel", "kernel", 512 * 1024, 512 * 1024),
     "cpu": ("xla", "xla"),
 }
 PASSES = ("fwd", "bwd")

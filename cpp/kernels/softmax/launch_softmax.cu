@@ -43,7 +43,9 @@ int split_for(int64_t needed) { return needed <= 2 ? 2 : (needed <= 4 ? 4 : 8); 
 // bf16 / 512 f32 columns), one block per row up to 1024 x 4 vectors (32K
 // bf16 / 16K f32 columns; the backward half that), then a cluster of up to 8
 // such blocks per row (256K bf16 / 128K f32 columns forward; sm_90+, else
-// launch_rows declines). Wider rows stream from global memory twice.
+// launch_rows declines; the backward also takes clusters of eight blocks of
+// four vectors, up to 128K f32 columns). Wider rows stream from global
+// memory twice.
 // (Unmasked forwards of up to 4096 columns and 16-bit backwards of
 // 1032..4096 columns take the warp kernels instead: launch_fwd_warp,
 // launch_bwd_warp.)
@@ -67,6 +69,10 @@ Config pick_config(int64_t vectors, bool backward) {
   if (!backward && ctas > 2 && (vectors + 512 * vecs - 1) / (512 * vecs) <= kMaxSplit)
     return {512, vecs, kMaxSplit};
   if (ctas <= kMaxSplit) return {1024, vecs, split_for(ctas)};
+  // Backward rows over more than eight CTAs of two vectors (f32 128K
+  // columns: 512 KiB of y) take four vectors per thread: 128 KB of y and dy
+  // per CTA, a one-stage ring refilled as soon as the row is in registers.
+  if (backward && ctas <= 2 * kMaxSplit) return {1024, 2 * vecs, kMaxSplit};
   return {};
 }
 
@@ -214,11 +220,18 @@ int bwd_stage_bytes(int threads, int vecs) {
                  : launch_rows<G, S, softmax::softmax_fwd_rows_kernel<T, G, V, false, S>>(     \
                        fwd_stage_bytes<T>(block_threads<G>(), V, false), p, stream, &err);     \
     break;
+// The backward's four-vector blocks hold their row in registers (kRefill).
 #define JAXCRAFT_BWD_ROWS_CASE(G, V, S)                                               \
   case config_key(G, V, S):                                                           \
-    ran = launch_rows<G, S, softmax::softmax_bwd_rows_kernel<T, G, V, S>>(            \
+    ran = launch_rows<G, S, softmax::softmax_bwd_rows_kernel<T, G, V, S, V == 4>>(    \
         bwd_stage_bytes<T>(block_threads<G>(), V), p, stream, &err);                  \
     break;
+
+// Warp-per-row kernels: blocks of kBlock threads, one row per warp.
+template <int kBlock>
+unsigned warp_row_grid(int64_t rows) {
+  return static_cast<unsigned>(ceil_div(rows, kBlock / softmax::kWarp));
+}
 
 // Unmasked rows of up to 4096 columns take the warp-per-row kernel
 // (softmax_warp_kernel.cuh): 16-bit rows of 129..512 vectors (1032..4096
@@ -235,8 +248,7 @@ bool launch_fwd_warp(const SoftmaxFwdParams& p, cudaStream_t stream) {
   constexpr int64_t kMaxVectors = softmax::kWarp * kMaxVecs, kMinVectors = kMaxVectors / (kF32 ? 2 : 4) + 1;
   const int64_t vectors = p.cols / Vec<T>::kN;
   if (p.mask || vectors < kMinVectors || vectors > kMaxVectors) return false;
-  constexpr int kRowsPerBlock = softmax::kNarrowBlock / softmax::kWarp;
-  const auto grid = static_cast<unsigned>(ceil_div(p.rows, kRowsPerBlock));
+  const unsigned grid = warp_row_grid<softmax::kNarrowBlock>(p.rows);
   if constexpr (!kF32) {
     if (vectors <= kMaxVectors / 2) {
       softmax::softmax_fwd_warp_kernel<T, kMaxVecs / 2><<<grid, softmax::kNarrowBlock, 0, stream>>>(p);
@@ -250,10 +262,10 @@ bool launch_fwd_warp(const SoftmaxFwdParams& p, cudaStream_t stream) {
 template <typename T>
 cudaError_t fwd_typed(const SoftmaxFwdParams& p, cudaStream_t stream) {
   const bool vec = all_aligned({p.x, p.y});
-  if (vec && p.cols % Vec<T>::kN == 0 && launch_fwd_warp<T>(p, stream)) return cudaGetLastError();
-  const Config cfg = vec && all_aligned({p.mask}) && p.cols % Vec<T>::kN == 0
-                         ? pick_config(p.cols / Vec<T>::kN, false)
-                         : Config{};
+  const bool whole_vectors = vec && p.cols % Vec<T>::kN == 0;
+  if (whole_vectors && launch_fwd_warp<T>(p, stream)) return cudaGetLastError();
+  const Config cfg =
+      whole_vectors && all_aligned({p.mask}) ? pick_config(p.cols / Vec<T>::kN, false) : Config{};
   cudaError_t err = cudaSuccess;
   bool ran = false;
   switch (config_key(cfg.group, cfg.vecs, cfg.split)) {
@@ -291,8 +303,7 @@ bool launch_bwd_warp(const SoftmaxBwdParams& p, cudaStream_t stream) {
     constexpr int64_t kMaxVectors = softmax::kWarp * kMaxVecs, kMinVectors = kMaxVectors / 4 + 1;
     const int64_t vectors = p.cols / Vec<T>::kN;
     if (vectors < kMinVectors || vectors > kMaxVectors) return false;
-    constexpr int kRowsPerBlock = softmax::kBwdWarpBlock / softmax::kWarp;
-    const auto grid = static_cast<unsigned>(ceil_div(p.rows, kRowsPerBlock));
+    const unsigned grid = warp_row_grid<softmax::kBwdWarpBlock>(p.rows);
     if (vectors <= kMaxVectors / 2)
       softmax::softmax_bwd_warp_kernel<T, kMaxVecs / 2><<<grid, softmax::kBwdWarpBlock, 0, stream>>>(p);
     else
@@ -304,8 +315,9 @@ bool launch_bwd_warp(const SoftmaxBwdParams& p, cudaStream_t stream) {
 template <typename T>
 cudaError_t bwd_typed(const SoftmaxBwdParams& p, cudaStream_t stream) {
   const bool vec = all_aligned({p.y, p.dy, p.dx});
-  if (vec && p.cols % Vec<T>::kN == 0 && launch_bwd_warp<T>(p, stream)) return cudaGetLastError();
-  const Config cfg = vec && p.cols % Vec<T>::kN == 0 ? pick_config(p.cols / Vec<T>::kN, true) : Config{};
+  const bool whole_vectors = vec && p.cols % Vec<T>::kN == 0;
+  if (whole_vectors && launch_bwd_warp<T>(p, stream)) return cudaGetLastError();
+  const Config cfg = whole_vectors ? pick_config(p.cols / Vec<T>::kN, true) : Config{};
   cudaError_t err = cudaSuccess;
   bool ran = false;
   switch (config_key(cfg.group, cfg.vecs, cfg.split)) {
@@ -319,6 +331,7 @@ cudaError_t bwd_typed(const SoftmaxBwdParams& p, cudaStream_t stream) {
     JAXCRAFT_BWD_ROWS_CASE(1024, 2, 2)
     JAXCRAFT_BWD_ROWS_CASE(1024, 2, 4)
     JAXCRAFT_BWD_ROWS_CASE(1024, 2, 8)
+    JAXCRAFT_BWD_ROWS_CASE(1024, 4, 8)
     default: break;
   }
   if (ran) return err;

@@ -31,9 +31,11 @@ struct RowRing {
   // fetch(row, stage) issues this thread's copies of `row` (nothing past the
   // last row); every call below commits one group, fetched or not, so the
   // waits count the same groups in every thread.
+  // prologue: the first `rows` rows into stages 0 .. rows - 1 (stages - 1
+  // rows for advance(), `stages` for wait_row() and refill()).
   template <class Fetch>
-  __device__ static void prologue(Fetch& fetch, int64_t first, int64_t stride, int stages) {
-    for (int s = 0; s < stages - 1; ++s) {
+  __device__ static void prologue(Fetch& fetch, int64_t first, int64_t stride, int rows) {
+    for (int s = 0; s < rows; ++s) {
       fetch(first + s * stride, s);
       cp_async_commit();
     }
@@ -48,6 +50,19 @@ struct RowRing {
     fetch(row + ahead * stride, stage == 0 ? ahead : stage - 1);
     cp_async_commit();
     cp_async_wait(ahead);
+  }
+
+  // The other protocol, for kernels that take their row into registers:
+  // `stages` rows in flight, and a stage refilled with the row `stages`
+  // ahead as soon as its values are in registers, so that even a one-stage
+  // ring (the widest rows) keeps a row loading while the block reduces and
+  // stores the current one. wait_row: `row`'s copies (the oldest group) have
+  // landed.
+  __device__ static void wait_row(int stages) { cp_async_wait(stages - 1); }
+  template <class Fetch>
+  __device__ static void refill(Fetch& fetch, int64_t row, int64_t stride, int stages, int stage) {
+    fetch(row + stages * stride, stage);
+    cp_async_commit();
   }
 };
 

@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(block_threads<kGroup>())
   // Uniform over the block (the cluster) when kGroup > 32: the reductions
   // synchronize.
   const int64_t first = first_row<kGroup, kSplit>(), stride = row_stride<kGroup, kSplit>();
-  Ring::prologue(fetch, first, stride, stages);
+  Ring::prologue(fetch, first, stride, stages - 1);
   int stage = 0;
   for (int64_t row = first; row < p.rows; row += stride) {
     Ring::advance(fetch, row, stride, stages, stage);
@@ -151,7 +151,14 @@ __global__ void __launch_bounds__(block_threads<kGroup>())
 }
 
 // ----------------------------------------------------------------- backward
-template <typename T, int kGroup, int kVecs, int kSplit>
+// kRefill: y and dy stay in registers from the dot to dx, and their stage
+// refills as soon as the dot has used them (RowRing::refill), so a one-stage
+// ring still keeps a row loading while the block reduces and stores the
+// current one: the widest rows (f32 128K columns, 128 KB of y and dy per CTA
+// of the cluster) have room for one stage only. Without it the row's stage
+// is read twice and refilled one row later (RowRing::advance), in half the
+// registers.
+template <typename T, int kGroup, int kVecs, int kSplit, bool kRefill = false>
 __global__ void __launch_bounds__(block_threads<kGroup>())
     softmax_bwd_rows_kernel(const SoftmaxBwdParams p, const int stages) {
   static_assert(kSplit == 1 || kGroup == block_threads<kGroup>(), "a cluster splits one-row blocks");
@@ -178,30 +185,52 @@ __global__ void __launch_bounds__(block_threads<kGroup>())
     }
   };
   if constexpr (kSplit > 1) norm::cluster_sync();  // every peer runs before a remote store
+  // Elements 2k, 2k + 1 as float32. With kRefill, element_pair converts
+  // afresh at each use, so 16-bit values stay packed across the reductions
+  // (their float32 copies spilled).
+  auto pair = [](const Vec<T>& v, int k) {
+    if constexpr (kRefill) return element_pair(v, k);
+    else return make_float2(to_f32(v.v[2 * k]), to_f32(v.v[2 * k + 1]));
+  };
   const int64_t first = first_row<kGroup, kSplit>(), stride = row_stride<kGroup, kSplit>();
-  Ring::prologue(fetch, first, stride, stages);
+  Ring::prologue(fetch, first, stride, kRefill ? stages : stages - 1);
   int stage = 0, parity = 0;
   for (int64_t row = first; row < p.rows; row += stride) {
-    Ring::advance(fetch, row, stride, stages, stage);
+    if constexpr (kRefill) Ring::wait_row(stages);
+    else Ring::advance(fetch, row, stride, stages, stage);
+    Vec<T> yv[kVecs], gv[kVecs];
     float dot = 0.f;
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
       if (cols.owns(i)) {
-        const Vec<T> yv = *y_ring.slot(stage, i), gv = *dy_ring.slot(stage, i);
+        yv[i] = *y_ring.slot(stage, i);
+        gv[i] = *dy_ring.slot(stage, i);
 #pragma unroll
-        for (int j = 0; j < kN; ++j) dot += to_f32(yv.v[j]) * to_f32(gv.v[j]);
+        for (int k = 0; k < kN / 2; ++k) {
+          const float2 yk = pair(yv[i], k), gk = pair(gv[i], k);
+          dot += yk.x * gk.x;
+          dot += yk.y * gk.y;
+        }
       }
     }
+    if constexpr (kRefill) Ring::refill(fetch, row, stride, stages, stage);
     dot = cluster_reduce<kSplit>(group_reduce<kGroup>(dot, slots[parity], Sum{}), cta_slots[parity], Sum{});
     parity ^= 1;
     T* dxr = dx + row * p.cols;
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
       if (cols.owns(i)) {
-        const Vec<T> yv = *y_ring.slot(stage, i), gv = *dy_ring.slot(stage, i);
+        if constexpr (!kRefill) {
+          yv[i] = *y_ring.slot(stage, i);
+          gv[i] = *dy_ring.slot(stage, i);
+        }
         Vec<T> out;
 #pragma unroll
-        for (int j = 0; j < kN; ++j) out.v[j] = from_f32<T>(to_f32(yv.v[j]) * (to_f32(gv.v[j]) - dot));
+        for (int k = 0; k < kN / 2; ++k) {
+          const float2 yk = pair(yv[i], k), gk = pair(gv[i], k);
+          out.v[2 * k] = from_f32<T>(yk.x * (gk.x - dot));
+          out.v[2 * k + 1] = from_f32<T>(yk.y * (gk.y - dot));
+        }
         store_vec(dxr + Cols::offset(i), out);
       }
     }

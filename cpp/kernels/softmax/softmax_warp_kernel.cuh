@@ -16,31 +16,6 @@
 namespace jaxcraft {
 namespace softmax {
 
-// Elements 2k and 2k + 1 of a vector as float32, converted afresh at every
-// call: `asm volatile` is never merged with an earlier conversion, so the
-// compiler cannot keep the row's float32 copy alive across the reductions
-// (with the plain conversions the bf16 kernel took 160 registers).
-__device__ __forceinline__ float2 unpack_pair(uint32_t w, __nv_bfloat16) {
-  uint32_t lo, hi;
-  asm volatile("{\n\tshl.b32 %0, %2, 16;\n\tand.b32 %1, %2, 0xffff0000;\n\t}" : "=r"(lo), "=r"(hi) : "r"(w));
-  return make_float2(__uint_as_float(lo), __uint_as_float(hi));
-}
-__device__ __forceinline__ float2 unpack_pair(uint32_t w, __half) {
-  float lo, hi;
-  asm volatile("{\n\t.reg .f16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;\n\t}"
-               : "=f"(lo), "=f"(hi)
-               : "r"(w));
-  return make_float2(lo, hi);
-}
-
-template <typename T>
-__device__ __forceinline__ float2 element_pair(const Vec<T>& v, int k) {
-  if constexpr (sizeof(T) == sizeof(float))
-    return make_float2(v.v[2 * k], v.v[2 * k + 1]);
-  else
-    return unpack_pair(reinterpret_cast<const uint32_t*>(v.v)[k], T{});
-}
-
 // The row warp w of a kBlock-thread block takes (row blockIdx.x kBlock / 32
 // + w), and its lane's vectors: lane l holds vectors l, l + 32, ..., so each
 // load instruction of the warp reads 512 consecutive bytes.

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -209,8 +210,11 @@ void time_case(DType dt, int64_t rows, int64_t cols, float copy) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // --no-timing, --timing-only, or --cols=N: the checks of width N only (a
+  // short case list for the sanitizers).
   const char* mode = argc > 1 ? argv[1] : "";
-  const bool timing = std::strcmp(mode, "--no-timing") != 0;
+  const int64_t only_cols = std::strncmp(mode, "--cols=", 7) == 0 ? std::atoll(mode + 7) : 0;
+  const bool timing = std::strcmp(mode, "--no-timing") != 0 && only_cols == 0;
   const bool checks = std::strcmp(mode, "--timing-only") != 0;
   int device = 0, major = 0, minor = 0;
   CHECK(cudaGetDevice(&device));
@@ -226,12 +230,15 @@ int main(int argc, char** argv) {
   // more rows than one grid covers (grid-stride), and more rows than the
   // resident blocks (clusters) of the rows kernels hold (each walks several
   // rows through its ring, masked at 2048 and 65536 columns); a width the
-  // warp-per-row forward covers with partly filled lanes (3000).
+  // warp-per-row forward covers with partly filled lanes (3000); 40 rows
+  // of 128K columns (f32 backward: clusters of four-vector blocks, each
+  // walking rows through a one-stage ring); 131080 columns (16 bits: the
+  // same four-vector clusters; f32: past them, streamed).
   const int64_t kShapes[][2] = {{1, 1},     {3, 7},       {5, 8},       {2, 257},    {67, 96},
                                 {9, 1000},  {4, 2048},    {3, 4096},    {3, 4097},   {2, 8192},
                                 {2, 16384}, {2, 32768},   {2, 50257},   {2, 131072}, {70000, 16},
                                 {5000, 2048}, {3000, 4096}, {400, 16384}, {400, 32768},
-                                {300, 65536}, {7, 3000}};
+                                {300, 65536}, {7, 3000},    {40, 131072}, {3, 131080}};
   const DType kTypes[] = {DType::kBF16, DType::kF32, DType::kF16};
   std::vector<Case> cases;
   for (DType dt : kTypes)
@@ -250,7 +257,8 @@ int main(int argc, char** argv) {
   bool all_ok = true;
   uint64_t seed = 1;
   if (checks)
-    for (const Case& c : cases) all_ok &= run_case(c, seed++);
+    for (const Case& c : cases)
+      if (only_cols == 0 || c.cols == only_cols) all_ok &= run_case(c, seed++);
 
   if (timing) {
     const float copy = copy_bandwidth_gbps(kTimingReps);
@@ -260,6 +268,7 @@ int main(int argc, char** argv) {
       time_case(dt, 16384, 32768, copy);
       time_case(dt, 4096, 131072, copy);
     }
+    time_case(DType::kBF16, 2048, 262144, copy);  // 512 KiB rows: the four-vector backward
   }
   std::printf("%s\n", all_ok ? "ALL PASS" : "SOME FAILED");
   return all_ok ? 0 : 1;
