@@ -220,10 +220,9 @@ int bwd_stage_bytes(int threads, int vecs) {
                  : launch_rows<G, S, softmax::softmax_fwd_rows_kernel<T, G, V, false, S>>(     \
                        fwd_stage_bytes<T>(block_threads<G>(), V, false), p, stream, &err);     \
     break;
-// The backward's four-vector blocks hold their row in registers (kRefill).
 #define JAXCRAFT_BWD_ROWS_CASE(G, V, S)                                               \
   case config_key(G, V, S):                                                           \
-    ran = launch_rows<G, S, softmax::softmax_bwd_rows_kernel<T, G, V, S, V == 4>>(    \
+    ran = launch_rows<G, S, softmax::softmax_bwd_rows_kernel<T, G, V, S>>(    \
         bwd_stage_bytes<T>(block_threads<G>(), V), p, stream, &err);                  \
     break;
 

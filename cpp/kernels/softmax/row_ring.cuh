@@ -1,5 +1,6 @@
 // A shared-memory ring that keeps a block's next rows in flight while it
-// reduces the current one. Each block walks rows first, first + stride, ...
+// reduces the current one (the forward: advance(); the backward, which
+// holds its row in registers: wait_row() and refill()). Each block walks rows first, first + stride, ...
 // (a grid sized to the resident blocks); thread t copies its own kVecs
 // 16-byte vectors of a row into its own slots with cp.async and later reads
 // only those, so a wait on its own copies is all the synchronization the

@@ -1,7 +1,8 @@
 // Device helpers shared by the softmax kernels (softmax_rows_kernels.cuh,
-// softmax_stream_kernels.cuh): float32 math whatever the storage type
-// (norm_common.cuh's 16-byte vectors and conversions), block and cluster
-// reductions, mask bits, and which rows a thread group walks.
+// softmax_stream_kernels.cuh, softmax_warp_kernel.cuh): float32 math
+// whatever the storage type (norm_common.cuh's 16-byte vectors and
+// conversions; element_pair for values held packed in registers), block and
+// cluster reductions, mask bits, and which rows a thread group walks.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -28,7 +29,7 @@ using norm::Vec;
 // Elements 2k and 2k + 1 of a vector as float32, converted afresh at every
 // call: `asm volatile` is never merged with an earlier conversion, so the
 // compiler cannot keep the row's float32 copy alive across the reductions
-// (with the plain conversions the bf16 kernel took 160 registers).
+// (with the plain conversions the bf16 warp kernel took 160 registers).
 __device__ __forceinline__ float2 unpack_pair(uint32_t w, __nv_bfloat16) {
   uint32_t lo, hi;
   asm volatile("{\n\tshl.b32 %0, %2, 16;\n\tand.b32 %1, %2, 0xffff0000;\n\t}" : "=r"(lo), "=r"(hi) : "r"(w));
