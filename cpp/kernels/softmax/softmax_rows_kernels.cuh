@@ -19,10 +19,10 @@ namespace softmax {
 // ------------------------------------------------------------------ forward
 // The factor exp(m - M) / S that turns a CTA's exp(x - m) (m its own max)
 // into the row's softmax: threads 0..kSplit-1 push the CTA's (m, sum) into
-// slot `rank` of every CTA's `pairs`, and after the cluster barrier each
-// CTA reads M = max m_r and S = sum s_r exp(m_r - M) in rank order (the
-// same bits everywhere). One barrier per row where a max and then a sum
-// took two. Callers alternate two `pairs` arrays by row: a CTA can push the
+// slot `rank` of every CTA's `pairs`, and after the cluster barrier lane r
+// of each warp reads pair r and the warp reduces M = max m_r and S = sum
+// s_r exp(m_r - M) (warp_allreduce: the same bits in every CTA). One
+// barrier per row where a max and then a sum took two. Callers alternate two `pairs` arrays by row: a CTA can push the
 // next row's pair only after every CTA has arrived at this row's barrier,
 // and it comes back to this array only after every CTA has read it.
 template <int kSplit>
@@ -33,12 +33,11 @@ __device__ __forceinline__ float cluster_softmax_factor(float m, float s, float2
                                                         static_cast<int>(threadIdx.x)) = make_float2(m, s);
 #endif
   norm::cluster_sync();
-  float row_max = pairs[0].x;
-#pragma unroll
-  for (int r = 1; r < kSplit; ++r) row_max = fmaxf(row_max, pairs[r].x);
-  float row_sum = 0.f;
-#pragma unroll
-  for (int r = 0; r < kSplit; ++r) row_sum += pairs[r].y * expf(pairs[r].x - row_max);
+  const int lane = threadIdx.x % kWarp;
+  const float2 pair = lane < kSplit ? pairs[lane] : make_float2(Max::identity(), 0.f);
+  const float row_max = warp_allreduce<kSplit>(pair.x, Max{});
+  // Lanes past kSplit add 0 (exp(-inf - row_max) is NaN when row_max = -inf).
+  const float row_sum = warp_allreduce<kSplit>(lane < kSplit ? pair.y * expf(pair.x - row_max) : 0.f, Sum{});
   return expf(m - row_max) / row_sum;
 }
 
