@@ -46,9 +46,9 @@ int split_for(int64_t needed) { return needed <= 2 ? 2 : (needed <= 4 ? 4 : 8); 
 // launch_rows declines; the backward also takes clusters of eight blocks of
 // four vectors, up to 128K f32 columns). Wider rows stream from global
 // memory twice.
-// (Unmasked forwards of up to 4096 columns and 16-bit backwards of
-// 1032..4096 columns take the warp kernels instead: launch_fwd_warp,
-// launch_bwd_warp.)
+// (Unmasked forwards of up to 8192 16-bit / 4096 f32 columns and 16-bit
+// backwards of 1032..4096 columns take the warp kernels instead:
+// launch_fwd_warp, launch_bwd_warp.)
 Config pick_config(int64_t vectors, bool backward) {
   if (vectors <= 32) return {32, 1};
   if (vectors <= 64) return {32, 2};
@@ -232,29 +232,39 @@ unsigned warp_row_grid(int64_t rows) {
   return static_cast<unsigned>(ceil_div(rows, kBlock / softmax::kWarp));
 }
 
-// Unmasked rows of up to 4096 columns take the warp-per-row kernel
-// (softmax_warp_kernel.cuh): 16-bit rows of 129..512 vectors (1032..4096
-// columns, 8 or 16 vectors per lane) and float32 rows of 513..1024 vectors
-// (2052..4096 columns, 32 per lane: at 2048 columns, 16 per lane spilled
-// and tied the rows kernel). Against the rows kernels in the same process:
-// H200 bf16 [16k, 4096] 80.6 -> 72.1 us, f16 85.5 -> 75.5, bf16 [16k, 2048]
-// 42.3 -> 39.3; H100 f32 [16k, 4096] 224.0 -> 214.1. False, launching
-// nothing, for any other row.
+// Unmasked rows of up to 8192 16-bit / 4096 float32 columns take the
+// warp-per-row kernel (softmax_warp_kernel.cuh): 16-bit rows of 129..1024
+// vectors (1032..8192 columns, 8, 16 or 32 vectors per lane) and float32
+// rows of 513..1024 vectors (2052..4096 columns, 32 per lane: at 2048
+// columns, 16 per lane spilled and tied the rows kernel). Against the rows
+// kernels in the same process: H200 bf16 [16k, 4096] 80.6 -> 72.1 us, f16
+// 85.5 -> 75.5, bf16 [16k, 2048] 42.3 -> 39.3; H100 f32 [16k, 4096] 224.0
+// -> 214.1, bf16 [16k, 8192] 199.5-201.7 -> 187.5 (89% -> 95% of copy).
+// False, launching nothing, for any other row.
+template <typename T, int kVecs>
+void launch_fwd_warp_vecs(const SoftmaxFwdParams& p, cudaStream_t stream) {
+  constexpr int kBlock = softmax::kFwdWarpBlock<kVecs>;
+  softmax::softmax_fwd_warp_kernel<T, kVecs><<<warp_row_grid<kBlock>(p.rows), kBlock, 0, stream>>>(p);
+}
+
 template <typename T>
 bool launch_fwd_warp(const SoftmaxFwdParams& p, cudaStream_t stream) {
   constexpr bool kF32 = sizeof(T) == sizeof(float);
-  constexpr int kMaxVecs = kF32 ? 32 : 16;  // per lane
-  constexpr int64_t kMaxVectors = softmax::kWarp * kMaxVecs, kMinVectors = kMaxVectors / (kF32 ? 2 : 4) + 1;
+  constexpr int kMaxVecs = 32;  // per lane: 128 registers of row
+  constexpr int64_t kMaxVectors = softmax::kWarp * kMaxVecs, kMinVectors = kMaxVectors / (kF32 ? 2 : 8) + 1;
   const int64_t vectors = p.cols / Vec<T>::kN;
   if (p.mask || vectors < kMinVectors || vectors > kMaxVectors) return false;
-  const unsigned grid = warp_row_grid<softmax::kNarrowBlock>(p.rows);
   if constexpr (!kF32) {
+    if (vectors <= kMaxVectors / 4) {
+      launch_fwd_warp_vecs<T, kMaxVecs / 4>(p, stream);
+      return true;
+    }
     if (vectors <= kMaxVectors / 2) {
-      softmax::softmax_fwd_warp_kernel<T, kMaxVecs / 2><<<grid, softmax::kNarrowBlock, 0, stream>>>(p);
+      launch_fwd_warp_vecs<T, kMaxVecs / 2>(p, stream);
       return true;
     }
   }
-  softmax::softmax_fwd_warp_kernel<T, kMaxVecs><<<grid, softmax::kNarrowBlock, 0, stream>>>(p);
+  launch_fwd_warp_vecs<T, kMaxVecs>(p, stream);
   return true;
 }
 

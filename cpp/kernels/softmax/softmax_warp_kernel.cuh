@@ -1,6 +1,6 @@
 // Softmax with one warp per row and the row held in registers as stored.
-// Forward: unmasked rows of up to 32 x kVecs 16-byte vectors (4096 columns:
-// 64 registers per lane at 16 bits, 128 at float32). No shared memory and
+// Forward: unmasked rows of up to 32 x kVecs 16-byte vectors (kVecs <= 32:
+// 128 registers of row per lane, 8192 16-bit or 4096 float32 columns). No shared memory and
 // no barrier: a warp loads its whole row at once, reduces the max and then
 // the sum by shuffles and writes y, while the SM's other warps keep their
 // loads in flight. The rows kernels at these widths give a row to a block
@@ -47,16 +47,19 @@ __device__ __forceinline__ void for_pairs(F f) {
   for (int k = 0; k < Vec<T>::kN / 2; ++k) f(k);
 }
 
-// Blocks per SM the register cap aims at: 3 (85 registers) while the row
-// takes 64 registers per lane, else 1 (a float32 row of 4096 columns takes
-// 128 of its 163).
+// Forward blocks, three per SM under the register cap: 8 warps each (85
+// registers) while the row takes up to 64 registers per lane, 4 warps each
+// (170) for rows of 128 registers per lane (a float32 row of 4096 columns,
+// a 16-bit one of 8192): 12 warps per SM where one 256-thread block of ~163
+// registers gave 8 (H100, bf16 [16k, 8192] 190.6 -> 187.5 us, f32 [16k,
+// 4096] within 1%).
 template <int kVecs>
-constexpr int kWarpRowMinBlocks = kVecs <= 16 ? 3 : 1;
+constexpr int kFwdWarpBlock = kVecs <= 16 ? kNarrowBlock : 128;
 
 template <typename T, int kVecs>
-__global__ void __launch_bounds__(kNarrowBlock, kWarpRowMinBlocks<kVecs>)
+__global__ void __launch_bounds__(kFwdWarpBlock<kVecs>, 3)
     softmax_fwd_warp_kernel(const SoftmaxFwdParams p) {
-  const WarpRow<T, kNarrowBlock> w(p.cols);
+  const WarpRow<T, kFwdWarpBlock<kVecs>> w(p.cols);
   if (w.row >= p.rows) return;  // the whole warp
   const T* x = static_cast<const T*>(p.x) + w.first(p.cols);
   T* y = static_cast<T*>(p.y) + w.first(p.cols);
