@@ -92,6 +92,29 @@ def test_non_finite_entries_match_jax(platform):
                                jax.nn.softmax(x, where=w), rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("cols", [8192, 131072])
+def test_non_finite_wide_rows_match_jax(platform, cols):
+  """Rows wider than a warp (CUDA: one block, or a cluster at 128K): warps
+  whose values are all -inf or masked out inside a finite row, an all -inf
+  row, a row that keeps only -inf entries, one that keeps nothing, +inf and
+  NaN entries."""
+  inf, nan = np.inf, np.nan
+  x = np.array(random(jax.random.key(12), (7, cols), F32, scale=SCALE))
+  x[0, : cols // 2] = -inf
+  x[1] = -inf
+  x[2, : cols // 2] = -inf
+  x[4, cols // 3] = inf
+  x[5, cols // 5] = nan
+  where = np.ones(x.shape, bool)
+  where[2, cols // 2:] = False  # keeps only -inf entries
+  where[3] = False
+  where[6, : 3 * cols // 4] = False
+  x, where = jnp.asarray(x), jnp.asarray(where)
+  for w in (None, where):
+    np.testing.assert_allclose(jaxcraft.softmax(x, where=w, implementation=platform),
+                               jax.nn.softmax(x, where=w), rtol=1e-5, atol=1e-9)
+
+
 @pytest.mark.parametrize("axis", [0, 1, -2, (1, 2), None])
 def test_axes(platform, axis):
   x = random(jax.random.key(4), (6, 5, 9), F32, scale=SCALE)

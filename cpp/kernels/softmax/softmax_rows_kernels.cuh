@@ -5,10 +5,9 @@
 // by the launcher. With kSplit > 1 (sm_90+, clusters of kSplit one-row
 // blocks) each CTA of a cluster holds a slice of the row, and the CTAs meet
 // in distributed shared memory: the forward exchanges one (max, sum) pair
-// per CTA and row (cluster_softmax_factor), the backward reduces its dot
-// (cluster_reduce). The forward reduces the row max, then the sum of
-// exp(x - max). Needs
-// cols % (16 / sizeof(T)) == 0 and 16-byte aligned buffers.
+// per CTA and row (row_softmax_factor), the backward reduces its dot
+// (cluster_reduce). Needs cols % (16 / sizeof(T)) == 0 and 16-byte aligned
+// buffers.
 #pragma once
 #include "kernels/softmax/row_ring.cuh"
 #include "kernels/softmax/softmax_common.cuh"
@@ -17,28 +16,45 @@ namespace jaxcraft {
 namespace softmax {
 
 // ------------------------------------------------------------------ forward
-// The factor exp(m - M) / S that turns a CTA's exp(x - m) (m its own max)
-// into the row's softmax: threads 0..kSplit-1 push the CTA's (m, sum) into
-// slot `rank` of every CTA's `pairs`, and after the cluster barrier lane r
-// of each warp reads pair r and the warp reduces M = max m_r and S = sum
-// s_r exp(m_r - M) (warp_allreduce: the same bits in every CTA). One
-// barrier per row where a max and then a sum took two. Callers alternate two `pairs` arrays by row: a CTA can push the
-// next row's pair only after every CTA has arrived at this row's barrier,
-// and it comes back to this array only after every CTA has read it.
-template <int kSplit>
-__device__ __forceinline__ float cluster_softmax_factor(float m, float s, float2* pairs) {
-#if JAXCRAFT_NORM_HAS_CLUSTERS
-  if (threadIdx.x < kSplit)
-    *cooperative_groups::this_cluster().map_shared_rank(pairs + norm::cluster_rank<kSplit>(),
-                                                        static_cast<int>(threadIdx.x)) = make_float2(m, s);
-#endif
-  norm::cluster_sync();
+// (M, S) of the pairs (m_i, s_i) that lanes 0..kLanes-1 hold, s_i a sum of
+// exp(x - m_i) (lanes past kLanes hold (-inf, 0)): M = max m_i and S = sum
+// s_i exp(m_i - M), the same bits in every lane (warp_allreduce). A pair
+// with m_i = -inf adds nothing (exp(m_i - M) is NaN where M = -inf too).
+template <int kLanes>
+__device__ __forceinline__ float2 merge_pairs(float2 pair) {
+  const float m = warp_allreduce<kLanes>(pair.x, Max{});
+  const float s = warp_allreduce<kLanes>(pair.x == -CUDART_INF_F ? 0.f : pair.y * expf(pair.x - m), Sum{});
+  return make_float2(m, s);
+}
+
+// The factor exp(m - M) / S that turns a warp's exp(x - m) (m the warp's
+// max, s their sum) into the row's softmax, M and S over the row. One block
+// barrier: lane 0 of each warp publishes (m, s) in `warp_pairs` and every
+// warp merges them (merge_pairs); with clusters, threads 0..kSplit-1 then
+// push the CTA's pair into slot `rank` of every CTA's `cta_pairs`, and
+// after the cluster barrier every warp merges those (the same bits in every
+// CTA). A max and then a sum, each a block reduction, took two barriers
+// before the cluster's. Callers alternate two arrays of each by row: a
+// block (a CTA) writes the next row's pair only after all have passed this
+// row's barrier, and comes back to this array only after all have read it.
+template <int kGroup, int kSplit>
+__device__ __forceinline__ float row_softmax_factor(float m, float s, float2* warp_pairs, float2* cta_pairs) {
+  constexpr int kWarps = kGroup / kWarp;
   const int lane = threadIdx.x % kWarp;
-  const float2 pair = lane < kSplit ? pairs[lane] : make_float2(Max::identity(), 0.f);
-  const float row_max = warp_allreduce<kSplit>(pair.x, Max{});
-  // Lanes past kSplit add 0 (exp(-inf - row_max) is NaN when row_max = -inf).
-  const float row_sum = warp_allreduce<kSplit>(lane < kSplit ? pair.y * expf(pair.x - row_max) : 0.f, Sum{});
-  return expf(m - row_max) / row_sum;
+  const float2 none = make_float2(-CUDART_INF_F, 0.f);
+  if (lane == 0) warp_pairs[threadIdx.x / kWarp] = make_float2(m, s);
+  __syncthreads();
+  float2 row = merge_pairs<kWarps>(lane < kWarps ? warp_pairs[lane] : none);
+  if constexpr (kSplit > 1) {
+#if JAXCRAFT_NORM_HAS_CLUSTERS
+    if (threadIdx.x < kSplit)
+      *cooperative_groups::this_cluster().map_shared_rank(cta_pairs + norm::cluster_rank<kSplit>(),
+                                                          static_cast<int>(threadIdx.x)) = row;
+#endif
+    norm::cluster_sync();
+    row = merge_pairs<kSplit>(lane < kSplit ? cta_pairs[lane] : none);
+  }
+  return expf(m - row.x) / row.y;
 }
 
 // kMasked: p.mask is set (its bytes travel through the ring beside x);
@@ -51,8 +67,9 @@ __global__ void __launch_bounds__(block_threads<kGroup>())
   constexpr uint32_t kAll = (1u << kN) - 1u;
   using Ring = RowRing<T, block_threads<kGroup>(), kVecs>;
   extern __shared__ __align__(kVecBytes) unsigned char ring_smem[];
-  __shared__ float slots[2][kGroup / kWarp];  // the block's max, then sum
-  __shared__ float2 cta_pairs[2][kSplit];     // the cluster's (max, sum) pairs, by row parity
+  // (max, sum) pairs by row parity: the block's warps', the cluster's CTAs'.
+  __shared__ float2 warp_pairs[2][kGroup / kWarp];
+  __shared__ float2 cta_pairs[2][kSplit];
   int parity = 0;
   const Ring ring(ring_smem);
   // kMasked: the mask's kN bytes per vector, in a ring of the same slots after x's.
@@ -85,10 +102,9 @@ __global__ void __launch_bounds__(block_threads<kGroup>())
   int stage = 0;
   for (int64_t row = first; row < p.rows; row += stride) {
     Ring::advance(fetch, row, stride, stages, stage);
-    // Two phases, each one block (cluster) reduction: the row max M over
-    // the kept elements, then e = exp(x - M) (kept in registers) and their
-    // sum. Cheaper than merging (max, sum) pairs: a pair merge costs two
-    // exps, and a 1024-thread row merged 31 of them per thread.
+    // The warp's max m over its kept elements, e = exp(x - m) (kept in
+    // registers) and their sum, then the row's factor (row_softmax_factor:
+    // one block barrier, where the block's max and then its sum took two).
     float e[kVecs][kN];
     uint32_t keep[kVecs];
     float m = -CUDART_INF_F;
@@ -106,16 +122,14 @@ __global__ void __launch_bounds__(block_threads<kGroup>())
         for (int j = 0; j < kN; ++j) e[i][j] = 0.f;
       }
     }
-    // M = -inf: nothing kept (every e = 0, y = 0), or kept values all -inf
-    // (NaN, as jax). M = +inf, or a NaN among the kept values, makes the
-    // sum and so the row NaN, as jax.
-    // kSplit > 1: e = exp(x - m) with this CTA's max m, and one cluster
-    // exchange of (m, sum) pairs per row (cluster_softmax_factor) in place
-    // of one for the max and one for the sum. Where m = -inf the CTA's
-    // kept values are all -inf (or none): e = exp(x - inf) = 0, and the
-    // pairs make the row NaN only if the whole row's are.
-    m = group_reduce<kGroup>(m, slots[0], Max{});
-    const float m_exp = kSplit > 1 && m == -CUDART_INF_F ? CUDART_INF_F : m;
+    // A warp-wide row: m = -inf when nothing is kept (every e = 0, y = 0)
+    // or the kept values are all -inf (exp(-inf + inf): NaN, as jax); m =
+    // +inf, or a NaN among the kept values, makes the sum and so the row
+    // NaN, as jax. A wider row's warp with m = -inf takes e = exp(x - inf)
+    // = 0 and leaves the verdict to the factor: 0 where the row has a
+    // finite max, NaN where all its kept values are -inf.
+    m = warp_allreduce<kWarp>(m, Max{});
+    const float m_exp = kGroup > kWarp && m == -CUDART_INF_F ? CUDART_INF_F : m;
     const float m_log2e = m_exp * kLog2e;
     float s = 0.f;
 #pragma unroll
@@ -130,8 +144,10 @@ __global__ void __launch_bounds__(block_threads<kGroup>())
 #pragma unroll
       for (int j = 0; j < kN; ++j) s += e[i][j];
     }
-    s = group_reduce<kGroup>(s, slots[1], Sum{});
-    const float factor = kSplit == 1 ? 1.f / s : cluster_softmax_factor<kSplit>(m, s, cta_pairs[parity]);
+    s = warp_allreduce<kWarp>(s, Sum{});
+    float factor = 1.f / s;
+    if constexpr (kGroup > kWarp)
+      factor = row_softmax_factor<kGroup, kSplit>(m, s, warp_pairs[parity], cta_pairs[parity]);
     parity ^= 1;
     T* yr = y + row * p.cols;
 #pragma unroll
