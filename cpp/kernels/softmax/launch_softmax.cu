@@ -222,7 +222,7 @@ int bwd_stage_bytes(int threads, int vecs) {
     break;
 #define JAXCRAFT_BWD_ROWS_CASE(G, V, S)                                               \
   case config_key(G, V, S):                                                           \
-    ran = launch_rows<G, S, softmax::softmax_bwd_rows_kernel<T, G, V, S>>(    \
+    ran = launch_rows<G, S, softmax::softmax_bwd_rows_kernel<T, G, V, S>>(            \
         bwd_stage_bytes<T>(block_threads<G>(), V), p, stream, &err);                  \
     break;
 

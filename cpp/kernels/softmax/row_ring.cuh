@@ -1,10 +1,10 @@
 // A shared-memory ring that keeps a block's next rows in flight while it
 // reduces the current one (the forward: advance(); the backward, which
-// holds its row in registers: wait_row() and refill()). Each block walks rows first, first + stride, ...
-// (a grid sized to the resident blocks); thread t copies its own kVecs
-// 16-byte vectors of a row into its own slots with cp.async and later reads
-// only those, so a wait on its own copies is all the synchronization the
-// ring needs. The rows kernels held their row in registers from load to
+// holds its row in registers: wait_row() and refill()). Each block walks
+// rows first, first + stride, ... (a grid sized to the resident blocks);
+// thread t copies its own kVecs 16-byte vectors of a row into its own slots
+// with cp.async and later reads only those, so a wait on its own copies is
+// all the synchronization the ring needs. The rows kernels held their row in registers from load to
 // store, which bounded the bytes in flight per SM by the register file and
 // left each block idle across its reduction barriers (bench/NOTES.md).
 #pragma once

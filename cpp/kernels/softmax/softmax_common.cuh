@@ -94,8 +94,7 @@ __device__ __forceinline__ float group_reduce(float v, float* slots, Op op) {
     __syncthreads();
     // Lane w takes warp w's value and every warp reduces them again, where
     // every thread reading all slots cost 32 loads and 31 ops per thread in
-    // a 1024-thread block (about a fifth of the clustered forward's
-    // instructions, twice per row).
+    // a 1024-thread block.
     v = warp_allreduce<kWarps>(lane < kWarps ? slots[lane] : Op::identity(), op);
   }
   return v;

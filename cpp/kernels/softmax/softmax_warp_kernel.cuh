@@ -1,7 +1,7 @@
 // Softmax with one warp per row and the row held in registers as stored.
 // Forward: unmasked rows of up to 32 x kVecs 16-byte vectors (kVecs <= 32:
-// 128 registers of row per lane, 8192 16-bit or 4096 float32 columns). No shared memory and
-// no barrier: a warp loads its whole row at once, reduces the max and then
+// 128 registers of row per lane, 8192 16-bit or 4096 float32 columns). No
+// shared memory and no barrier: a warp loads its whole row at once, reduces the max and then
 // the sum by shuffles and writes y, while the SM's other warps keep their
 // loads in flight. The rows kernels at these widths give a row to a block
 // of 64-256 threads, with a block barrier per reduction and the rows staged
