@@ -36,20 +36,22 @@ constexpr int kMaxSplit = 8;
 int split_for(int64_t needed) { return needed <= 2 ? 2 : (needed <= 4 ? 4 : 8); }
 
 // Register budget (64K registers per SM; 1024-thread blocks leave 64 per
-// thread): the forward holds kVecs <= 4 vectors of x (16 registers) plus
-// their mask bits; the backward y and dy (2 x 2 vectors, 16 registers).
+// thread): the forward holds kVecs <= 4 vectors of x (16 registers; 8
+// vectors, 32 registers, for float32 rows of 64K-128K columns) plus their
+// mask bits; the backward y and dy (2 x 2 vectors, 16 registers; 2 x 4 past
+// 64K float32 columns).
 // Groups grow before vectors so that narrow rows still spread over a warp
 // and wide ones over a block; one warp per row up to 32 x 4 vectors (1024
 // bf16 / 512 f32 columns), one block per row up to 1024 x 4 vectors (32K
 // bf16 / 16K f32 columns; the backward half that), then a cluster of up to 8
 // such blocks per row (256K bf16 / 128K f32 columns forward; sm_90+, else
-// launch_rows declines; the backward also takes clusters of eight blocks of
-// four vectors, up to 128K f32 columns). Wider rows stream from global
-// memory twice.
+// launch_rows declines; float32 rows of 64K-128K columns take clusters of
+// four blocks of eight vectors forward, eight blocks of four backward).
+// Wider rows stream from global memory twice.
 // (Unmasked forwards of up to 8192 16-bit / 4096 f32 columns and 16-bit
 // backwards of 1032..4096 columns take the warp kernels instead:
 // launch_fwd_warp, launch_bwd_warp.)
-Config pick_config(int64_t vectors, bool backward) {
+Config pick_config(int64_t vectors, bool backward, bool f32) {
   if (vectors <= 32) return {32, 1};
   if (vectors <= 64) return {32, 2};
   const int vecs = backward ? 2 : 4;
@@ -66,6 +68,12 @@ Config pick_config(int64_t vectors, bool backward) {
   // runs while the other waits at its barrier. H100, bf16 [4k, 128k]:
   // 906 -> 858 us; at two CTAs (f32 [16k, 32k]) four 512-thread CTAs
   // lost 3.5% (1611 -> 1670 us).
+  // Float32 forward rows of 64K-128K columns: clusters of four 1024-thread
+  // CTAs holding eight vectors per thread in registers (a 128 KB one-stage
+  // ring, refilled once x is read), where eight CTAs of four vectors ran on
+  // the 15 clusters of 8 that fit the GPCs (120 SMs): H100 f32 [4k, 128k]
+  // 1683 -> 1591 us (85% -> 89.5% of copy). 16-bit rows would spill.
+  if (!backward && f32 && ctas > kMaxSplit / 2 && ctas <= kMaxSplit) return {1024, 2 * vecs, kMaxSplit / 2};
   if (!backward && ctas > 2 && (vectors + 512 * vecs - 1) / (512 * vecs) <= kMaxSplit)
     return {512, vecs, kMaxSplit};
   if (ctas <= kMaxSplit) return {1024, vecs, split_for(ctas)};
@@ -213,12 +221,17 @@ int bwd_stage_bytes(int threads, int vecs) {
 
 // kMasked (whether the forward has a mask) is a template argument: without
 // one the per-element selects go away.
-#define JAXCRAFT_FWD_ROWS_CASE(G, V, S)                                                        \
-  case config_key(G, V, S):                                                                    \
-    ran = p.mask ? launch_rows<G, S, softmax::softmax_fwd_rows_kernel<T, G, V, true, S>>(      \
-                       fwd_stage_bytes<T>(block_threads<G>(), V, true), p, stream, &err)       \
-                 : launch_rows<G, S, softmax::softmax_fwd_rows_kernel<T, G, V, false, S>>(     \
-                       fwd_stage_bytes<T>(block_threads<G>(), V, false), p, stream, &err);     \
+template <typename T, int kGroup, int kVecs, int kSplit>
+bool launch_fwd_rows(const SoftmaxFwdParams& p, cudaStream_t stream, cudaError_t* err) {
+  constexpr int kThreads = block_threads<kGroup>();
+  return p.mask ? launch_rows<kGroup, kSplit, softmax::softmax_fwd_rows_kernel<T, kGroup, kVecs, true, kSplit>>(
+                      fwd_stage_bytes<T>(kThreads, kVecs, true), p, stream, err)
+                : launch_rows<kGroup, kSplit, softmax::softmax_fwd_rows_kernel<T, kGroup, kVecs, false, kSplit>>(
+                      fwd_stage_bytes<T>(kThreads, kVecs, false), p, stream, err);
+}
+#define JAXCRAFT_FWD_ROWS_CASE(G, V, S)                            \
+  case config_key(G, V, S):                                        \
+    ran = launch_fwd_rows<T, G, V, S>(p, stream, &err);            \
     break;
 #define JAXCRAFT_BWD_ROWS_CASE(G, V, S)                                               \
   case config_key(G, V, S):                                                           \
@@ -274,7 +287,7 @@ cudaError_t fwd_typed(const SoftmaxFwdParams& p, cudaStream_t stream) {
   const bool whole_vectors = vec && p.cols % Vec<T>::kN == 0;
   if (whole_vectors && launch_fwd_warp<T>(p, stream)) return cudaGetLastError();
   const Config cfg =
-      whole_vectors && all_aligned({p.mask}) ? pick_config(p.cols / Vec<T>::kN, false) : Config{};
+      whole_vectors && all_aligned({p.mask}) ? pick_config(p.cols / Vec<T>::kN, false, sizeof(T) == sizeof(float)) : Config{};
   cudaError_t err = cudaSuccess;
   bool ran = false;
   switch (config_key(cfg.group, cfg.vecs, cfg.split)) {
@@ -290,6 +303,9 @@ cudaError_t fwd_typed(const SoftmaxFwdParams& p, cudaStream_t stream) {
     JAXCRAFT_FWD_ROWS_CASE(1024, 4, 2)
     JAXCRAFT_FWD_ROWS_CASE(1024, 4, 4)
     JAXCRAFT_FWD_ROWS_CASE(1024, 4, 8)
+    case config_key(1024, 8, 4):  // float32 only (pick_config): 16-bit rows would spill
+      if constexpr (sizeof(T) == sizeof(float)) ran = launch_fwd_rows<T, 1024, 8, 4>(p, stream, &err);
+      break;
     default: break;
   }
   if (ran) return err;
@@ -326,7 +342,7 @@ cudaError_t bwd_typed(const SoftmaxBwdParams& p, cudaStream_t stream) {
   const bool vec = all_aligned({p.y, p.dy, p.dx});
   const bool whole_vectors = vec && p.cols % Vec<T>::kN == 0;
   if (whole_vectors && launch_bwd_warp<T>(p, stream)) return cudaGetLastError();
-  const Config cfg = whole_vectors ? pick_config(p.cols / Vec<T>::kN, true) : Config{};
+  const Config cfg = whole_vectors ? pick_config(p.cols / Vec<T>::kN, true, sizeof(T) == sizeof(float)) : Config{};
   cudaError_t err = cudaSuccess;
   bool ran = false;
   switch (config_key(cfg.group, cfg.vecs, cfg.split)) {

@@ -98,10 +98,16 @@ __global__ void __launch_bounds__(block_threads<kGroup>())
   // Uniform over the block (the cluster) when kGroup > 32: the reductions
   // synchronize.
   const int64_t first = first_row<kGroup, kSplit>(), stride = row_stride<kGroup, kSplit>();
-  Ring::prologue(fetch, first, stride, stages - 1);
+  // Eight vectors per thread (float32 rows over clusters of four 128 KB
+  // slices): a one-stage ring, refilled once x is in registers (as the
+  // backward's, RowRing::refill). With fewer, advance() measured within 1%
+  // of the refill and 16-bit rows spilled under it.
+  constexpr bool kRefill = kVecs > 4;
+  Ring::prologue(fetch, first, stride, kRefill ? stages : stages - 1);
   int stage = 0;
   for (int64_t row = first; row < p.rows; row += stride) {
-    Ring::advance(fetch, row, stride, stages, stage);
+    if constexpr (kRefill) Ring::wait_row(stages);
+    else Ring::advance(fetch, row, stride, stages, stage);
     // The warp's max m over its kept elements, e = exp(x - m) (kept in
     // registers) and their sum, then the row's factor (row_softmax_factor:
     // one block barrier, where the block's max and then its sum took two).
@@ -122,6 +128,7 @@ __global__ void __launch_bounds__(block_threads<kGroup>())
         for (int j = 0; j < kN; ++j) e[i][j] = 0.f;
       }
     }
+    if constexpr (kRefill) Ring::refill(fetch, row, stride, stages, stage);
     // A warp-wide row: m = -inf when nothing is kept (every e = 0, y = 0)
     // or the kept values are all -inf (exp(-inf + inf): NaN, as jax); m =
     // +inf, or a NaN among the kept values, makes the sum and so the row

@@ -234,12 +234,14 @@ int main(int argc, char** argv) {
   // of 128K columns (f32 backward: clusters of four-vector blocks, each
   // walking rows through a one-stage ring); 131080 columns (16 bits: the
   // same four-vector clusters; f32: past them, streamed); 6000 columns (the
-  // 16-bit warp-per-row forward at 32 vectors per lane, partly filled).
+  // 16-bit warp-per-row forward at 32 vectors per lane, partly filled);
+  // 100000 columns (f32 forward: clusters of four eight-vector blocks,
+  // partly filled).
   const int64_t kShapes[][2] = {{1, 1},     {3, 7},       {5, 8},       {2, 257},    {67, 96},
                                 {9, 1000},  {4, 2048},    {3, 4096},    {3, 4097},   {2, 8192},
                                 {2, 16384}, {2, 32768},   {2, 50257},   {2, 131072}, {70000, 16},
                                 {5000, 2048}, {3000, 4096}, {400, 16384}, {400, 32768},
-                                {300, 65536}, {7, 3000},    {40, 131072}, {3, 131080}, {5, 6000}};
+                                {300, 65536}, {7, 3000},    {40, 131072}, {3, 131080}, {5, 6000},   {7, 100000}};
   const DType kTypes[] = {DType::kBF16, DType::kF32, DType::kF16};
   std::vector<Case> cases;
   for (DType dt : kTypes)
