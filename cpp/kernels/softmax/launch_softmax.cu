@@ -73,7 +73,8 @@ Config pick_config(int64_t vectors, bool backward, bool f32) {
   // ring, refilled once x is read), where eight CTAs of four vectors ran on
   // the 15 clusters of 8 that fit the GPCs (120 SMs): H100 f32 [4k, 128k]
   // 1683 -> 1591 us (85% -> 89.5% of copy). 16-bit rows would spill.
-  if (!backward && f32 && ctas > kMaxSplit / 2 && ctas <= kMaxSplit) return {1024, 2 * vecs, kMaxSplit / 2};
+  if (!backward && f32 && ctas > kMaxSplit / 2 && ctas <= kMaxSplit)
+    return {1024, 2 * vecs, kMaxSplit / 2};
   if (!backward && ctas > 2 && (vectors + 512 * vecs - 1) / (512 * vecs) <= kMaxSplit)
     return {512, vecs, kMaxSplit};
   if (ctas <= kMaxSplit) return {1024, vecs, split_for(ctas)};
@@ -221,13 +222,15 @@ int bwd_stage_bytes(int threads, int vecs) {
 
 // kMasked (whether the forward has a mask) is a template argument: without
 // one the per-element selects go away.
+template <typename T, int kGroup, int kVecs, int kSplit, bool kMasked>
+bool launch_fwd_rows_masked(const SoftmaxFwdParams& p, cudaStream_t stream, cudaError_t* err) {
+  return launch_rows<kGroup, kSplit, softmax::softmax_fwd_rows_kernel<T, kGroup, kVecs, kMasked, kSplit>>(
+      fwd_stage_bytes<T>(block_threads<kGroup>(), kVecs, kMasked), p, stream, err);
+}
 template <typename T, int kGroup, int kVecs, int kSplit>
 bool launch_fwd_rows(const SoftmaxFwdParams& p, cudaStream_t stream, cudaError_t* err) {
-  constexpr int kThreads = block_threads<kGroup>();
-  return p.mask ? launch_rows<kGroup, kSplit, softmax::softmax_fwd_rows_kernel<T, kGroup, kVecs, true, kSplit>>(
-                      fwd_stage_bytes<T>(kThreads, kVecs, true), p, stream, err)
-                : launch_rows<kGroup, kSplit, softmax::softmax_fwd_rows_kernel<T, kGroup, kVecs, false, kSplit>>(
-                      fwd_stage_bytes<T>(kThreads, kVecs, false), p, stream, err);
+  return p.mask ? launch_fwd_rows_masked<T, kGroup, kVecs, kSplit, true>(p, stream, err)
+                : launch_fwd_rows_masked<T, kGroup, kVecs, kSplit, false>(p, stream, err);
 }
 #define JAXCRAFT_FWD_ROWS_CASE(G, V, S)                            \
   case config_key(G, V, S):                                        \
@@ -286,8 +289,9 @@ cudaError_t fwd_typed(const SoftmaxFwdParams& p, cudaStream_t stream) {
   const bool vec = all_aligned({p.x, p.y});
   const bool whole_vectors = vec && p.cols % Vec<T>::kN == 0;
   if (whole_vectors && launch_fwd_warp<T>(p, stream)) return cudaGetLastError();
+  constexpr bool kF32 = sizeof(T) == sizeof(float);
   const Config cfg =
-      whole_vectors && all_aligned({p.mask}) ? pick_config(p.cols / Vec<T>::kN, false, sizeof(T) == sizeof(float)) : Config{};
+      whole_vectors && all_aligned({p.mask}) ? pick_config(p.cols / Vec<T>::kN, false, kF32) : Config{};
   cudaError_t err = cudaSuccess;
   bool ran = false;
   switch (config_key(cfg.group, cfg.vecs, cfg.split)) {
@@ -304,7 +308,7 @@ cudaError_t fwd_typed(const SoftmaxFwdParams& p, cudaStream_t stream) {
     JAXCRAFT_FWD_ROWS_CASE(1024, 4, 4)
     JAXCRAFT_FWD_ROWS_CASE(1024, 4, 8)
     case config_key(1024, 8, 4):  // float32 only (pick_config): 16-bit rows would spill
-      if constexpr (sizeof(T) == sizeof(float)) ran = launch_fwd_rows<T, 1024, 8, 4>(p, stream, &err);
+      if constexpr (kF32) ran = launch_fwd_rows<T, 1024, 8, 4>(p, stream, &err);
       break;
     default: break;
   }
@@ -342,7 +346,8 @@ cudaError_t bwd_typed(const SoftmaxBwdParams& p, cudaStream_t stream) {
   const bool vec = all_aligned({p.y, p.dy, p.dx});
   const bool whole_vectors = vec && p.cols % Vec<T>::kN == 0;
   if (whole_vectors && launch_bwd_warp<T>(p, stream)) return cudaGetLastError();
-  const Config cfg = whole_vectors ? pick_config(p.cols / Vec<T>::kN, true, sizeof(T) == sizeof(float)) : Config{};
+  const Config cfg =
+      whole_vectors ? pick_config(p.cols / Vec<T>::kN, true, sizeof(T) == sizeof(float)) : Config{};
   cudaError_t err = cudaSuccess;
   bool ran = false;
   switch (config_key(cfg.group, cfg.vecs, cfg.split)) {
