@@ -51,6 +51,30 @@ __device__ __forceinline__ float2 element_pair(const Vec<T>& v, int k) {
     return unpack_pair(reinterpret_cast<const uint32_t*>(v.v)[k], T{});
 }
 
+// The backward's per-vector pieces on values held as stored (element_pair):
+// dot plus the vector's sum of y dy, and dx = y (dy - dot).
+template <typename T>
+__device__ __forceinline__ float add_dot(const Vec<T>& y, const Vec<T>& dy, float dot) {
+#pragma unroll
+  for (int k = 0; k < Vec<T>::kN / 2; ++k) {
+    const float2 a = element_pair(y, k), b = element_pair(dy, k);
+    dot += a.x * b.x;
+    dot += a.y * b.y;
+  }
+  return dot;
+}
+template <typename T>
+__device__ __forceinline__ Vec<T> softmax_grad(const Vec<T>& y, const Vec<T>& dy, float dot) {
+  Vec<T> dx;
+#pragma unroll
+  for (int k = 0; k < Vec<T>::kN / 2; ++k) {
+    const float2 a = element_pair(y, k), b = element_pair(dy, k);
+    dx.v[2 * k] = from_f32<T>(a.x * (b.x - dot));
+    dx.v[2 * k + 1] = from_f32<T>(a.y * (b.y - dot));
+  }
+  return dx;
+}
+
 // Narrow rows: one warp per row, this many threads (rows) per block, so a
 // block keeps 8 warps of loads in flight.
 constexpr int kNarrowBlock = 256;

@@ -218,14 +218,10 @@ __global__ void __launch_bounds__(block_threads<kGroup>())
       if (cols.owns(i)) {
         yv[i] = *y_ring.slot(stage, i);
         gv[i] = *dy_ring.slot(stage, i);
-        // element_pair converts afresh at each use: 16-bit values stay
-        // packed across the reductions (float32 copies spilled).
-#pragma unroll
-        for (int k = 0; k < kN / 2; ++k) {
-          const float2 yk = element_pair(yv[i], k), gk = element_pair(gv[i], k);
-          dot += yk.x * gk.x;
-          dot += yk.y * gk.y;
-        }
+        // add_dot and softmax_grad convert afresh at each use (element_pair):
+        // 16-bit values stay packed across the reductions (float32 copies
+        // spilled).
+        dot = add_dot(yv[i], gv[i], dot);
       }
     }
     Ring::refill(fetch, row, stride, stages, stage);
@@ -234,16 +230,7 @@ __global__ void __launch_bounds__(block_threads<kGroup>())
     T* dxr = dx + row * p.cols;
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
-      if (cols.owns(i)) {
-        Vec<T> out;
-#pragma unroll
-        for (int k = 0; k < kN / 2; ++k) {
-          const float2 yk = element_pair(yv[i], k), gk = element_pair(gv[i], k);
-          out.v[2 * k] = from_f32<T>(yk.x * (gk.x - dot));
-          out.v[2 * k + 1] = from_f32<T>(yk.y * (gk.y - dot));
-        }
-        store_vec(dxr + Cols::offset(i), out);
-      }
+      if (cols.owns(i)) store_vec(dxr + Cols::offset(i), softmax_grad(yv[i], gv[i], dot));
     }
     stage = stage + 1 == stages ? 0 : stage + 1;
   }

@@ -1,9 +1,9 @@
 // Softmax with one warp per row and the row held in registers as stored.
 // Forward: unmasked rows of up to 32 x kVecs 16-byte vectors (kVecs <= 32:
 // 128 registers of row per lane, 8192 16-bit or 4096 float32 columns). No
-// shared memory and no barrier: a warp loads its whole row at once, reduces the max and then
-// the sum by shuffles and writes y, while the SM's other warps keep their
-// loads in flight. The rows kernels at these widths give a row to a block
+// shared memory and no barrier: a warp loads its whole row at once, reduces
+// the max and then the sum by shuffles and writes y, while the SM's other
+// warps keep their loads in flight. The rows kernels at these widths give a row to a block
 // of 64-256 threads, with a block barrier per reduction and the rows staged
 // through shared memory (bench/NOTES.md). Each exponential is computed
 // twice, for the sum and for y: holding exp(x - max) in float32 would take
@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(kFwdWarpBlock<kVecs>, 3)
       m = fmaxf(m, fmaxf(e.x, e.y));
     });
   });
-  m = group_reduce<kWarp>(m, nullptr, Max{});
+  m = warp_allreduce<kWarp>(m, Max{});
   const float m_log2e = m * kLog2e;
   float s = 0.f;
   w.template for_owned<kVecs>([&](int i) {
@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(kFwdWarpBlock<kVecs>, 3)
       s += exp_shifted<T>(e.y, m, m_log2e);
     });
   });
-  const float inv = 1.f / group_reduce<kWarp>(s, nullptr, Sum{});
+  const float inv = 1.f / warp_allreduce<kWarp>(s, Sum{});
   w.template for_owned<kVecs>([&](int i) {
     Vec<T> out;
     for_pairs<T>([&](int k) {
@@ -116,23 +116,9 @@ __global__ void __launch_bounds__(kBwdWarpBlock) softmax_bwd_warp_kernel(const S
     gv[i] = load_vec(dy + w.kStride * i);
   });
   float dot = 0.f;
-  w.template for_owned<kVecs>([&](int i) {
-    for_pairs<T>([&](int k) {
-      const float2 a = element_pair(yv[i], k), b = element_pair(gv[i], k);
-      dot += a.x * b.x;
-      dot += a.y * b.y;
-    });
-  });
-  dot = group_reduce<kWarp>(dot, nullptr, Sum{});
-  w.template for_owned<kVecs>([&](int i) {
-    Vec<T> out;
-    for_pairs<T>([&](int k) {
-      const float2 a = element_pair(yv[i], k), b = element_pair(gv[i], k);
-      out.v[2 * k] = from_f32<T>(a.x * (b.x - dot));
-      out.v[2 * k + 1] = from_f32<T>(a.y * (b.y - dot));
-    });
-    store_vec(dx + w.kStride * i, out);
-  });
+  w.template for_owned<kVecs>([&](int i) { dot = add_dot(yv[i], gv[i], dot); });
+  dot = warp_allreduce<kWarp>(dot, Sum{});
+  w.template for_owned<kVecs>([&](int i) { store_vec(dx + w.kStride * i, softmax_grad(yv[i], gv[i], dot)); });
 }
 
 }  // namespace softmax
