@@ -35,8 +35,8 @@ def _reference64(x, axis=-1, where=None, dy=None):
 
 # (dtype, shape): float32 and bfloat16 over rows of 1, primes, whole 16-byte
 # vectors, 3000 and 6000 (CUDA: the warp-per-row forward with partly filled
-# lanes, 16 and 32 vectors per lane), 4097, a ~50K vocabulary and a 128K one (sm_90: a row over a cluster of
-# eight CTAs); float16 over fewer.
+# lanes, 16 and 32 vectors per lane), 4097, a ~50K vocabulary and a 128K one
+# (sm_90: a row over a cluster of eight CTAs); float16 over fewer.
 SHAPES = ([(jnp.bfloat16, s) for s in [(7, 1), (3, 5, 13), (4, 256), (5, 3000), (2, 4097), (3, 6000),
                                         (2, 50257), (2, 131072)]]
           + [(jnp.float32, s) for s in [(5, 7), (6, 1000), (3, 4096), (2, 50257)]]
@@ -128,8 +128,8 @@ def test_axes(platform, axis):
 
 
 # float32 (2, 131072): on sm_90 the backward's clusters of four-vector blocks.
-GRADS = [(jnp.float32, (4, 7)), (jnp.float32, (2, 4097)), (jnp.float32, (2, 131072)), (jnp.bfloat16, (3, 4096)),
-         (jnp.bfloat16, (5, 2000)), (jnp.float16, (4, 1000))]
+GRADS = [(jnp.float32, (4, 7)), (jnp.float32, (2, 4097)), (jnp.float32, (2, 131072)),
+         (jnp.bfloat16, (3, 4096)), (jnp.bfloat16, (5, 2000)), (jnp.float16, (4, 1000))]
 
 
 @pytest.mark.parametrize("dtype,shape", GRADS, ids=[f"{d.__name__}-{s[-1]}" for d, s in GRADS])

@@ -43,11 +43,12 @@ NO_MASK, SHARED_MASK, FULL_MASK = "none", "shared", "full"
 #         Measured on the H100 (`python bench/run.py --ops softmax`, kernel
 #         / jax.nn, us; bench/RESULTS.md, fourteenth and twenty-fifth
 #         sessions). Forward: [16k, 4k] bf16 106 / 191, [16k, 32k] f32
-#         1777 / 2837, [4k, 128k] bf16 962 / 1486, f32 1867 / 2825.
-#         Backward alone (dx from y and an independent dy): [16k, 4k] bf16
-#         149 / 239, [16k, 8k] f32 567 / 877, [16k, 32k] f32 2252 / 3506,
-#         [4k, 128k] bf16 1176 / 1763, f32 2249 / 3485 (before the
-#         four-vector clusters it streamed: 3545, a tie). Where y is
+#         1777 / 2837, [4k, 128k] bf16 962 / 1486 (fourteenth session);
+#         f32 [4k, 128k] 1565 / 2724 (twenty-fifth). Backward alone (dx
+#         from y and an independent dy): [16k, 4k] bf16 149 / 239, [16k,
+#         8k] f32 567 / 877, [16k, 32k] f32 2252 / 3506, [4k, 128k] bf16
+#         1176 / 1763, f32 2249 / 3485 (before the four-vector clusters it
+#         streamed: 3545, a tie). Where y is
 #         discarded and dy = y, XLA fuses the pair and never writes y: its
 #         fwd+bwd is then 1-16% faster past 64 KiB rows ([4k, 128k] bf16
 #         1850 vs the policy's 2001), a program no model runs (y feeds the
