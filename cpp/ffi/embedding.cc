@@ -89,8 +89,9 @@ ffi::ErrorOr<EmbeddingBwdParams> bwd_params(ffi::AnyBuffer dout, ffi::Buffer<ffi
   if (p.sorted_rows && (sorted_rows.element_count() != size_t(p.num_ids) ||
                         order.element_count() != size_t(p.num_ids)))
     return invalid("embedding backward: sorted_rows and order must have one entry per id");
-  if (!p.row_index || row_index->element_count() != 2 * size_t(p.rows) + 1)
-    return invalid("embedding backward: row_index must have 2 * rows + 1 entries");
+  if (!p.row_index ||
+      row_index->element_count() != size_t(embedding_index_entries(p.rows, p.num_ids)))
+    return invalid("embedding backward: row_index must have 3 * rows + 1 + num_ids entries");
   if (p.scratch && scratch->element_count() != size_t(p.num_ids) * size_t(p.dim))
     return invalid("embedding backward: scratch must be [num_ids, dim]");
   if (!fits_int32(p.rows) || !fits_int32(p.num_ids))
@@ -119,7 +120,7 @@ auto bwd_binding(Binding b) {
       .template Arg<ffi::Buffer<ffi::S32>>()   // their positions (empty: fast path)
       .template Ret<ffi::AnyBuffer>()          // dtable [rows, dim]
       .template Ret<ffi::Buffer<ffi::F32>>()   // scratch [num_ids, dim] (empty: unused)
-      .template Ret<ffi::Buffer<ffi::S32>>()   // row index scratch [2 * rows + 1]
+      .template Ret<ffi::Buffer<ffi::S32>>()   // row index scratch [3 * rows + 1 + num_ids]
       .template Attr<int32_t>("mode");
 }
 

@@ -148,11 +148,16 @@ def _scratch_shape(dout, sorted_rows):
   return tuple(dout.shape) if fast and dout.dtype != F32 else (0,)
 
 
+def _index_shape(rows, ids):
+  """The kernels' int32 row index scratch (params.h: embedding_index_entries)."""
+  return (3 * rows + 1 + ids.shape[0],)
+
+
 def _bwd_kernel_abstract(dout, ids, sorted_rows, order, *, mode, rows, implementation):
   out = lambda shape, dtype, spec=(): _result(dout, [ids], shape, dtype, spec)
   dim = dout.shape[1]
   return (out((rows, dim), dout.dtype, (None, _primitive.row_spec(dout, 2)[1])),
-          out(_scratch_shape(dout, sorted_rows), F32), out((2 * rows + 1,), I32))
+          out(_scratch_shape(dout, sorted_rows), F32), out(_index_shape(rows, ids), I32))
 
 
 def _bwd_kernel_reference(dout, ids, sorted_rows, order, *, mode, rows, implementation):
@@ -161,7 +166,7 @@ def _bwd_kernel_reference(dout, ids, sorted_rows, order, *, mode, rows, implemen
       dout.astype(F32), mode="drop")
   # Unused scratch outputs: XLA removes them (the kernels' call is gone).
   return (dtable.astype(dout.dtype), jnp.zeros(_scratch_shape(dout, sorted_rows), F32),
-          jnp.zeros((2 * rows + 1,), I32))
+          jnp.zeros(_index_shape(rows, ids), I32))
 
 
 _bwd_kernel_p = _primitive.kernel_primitive(

@@ -88,6 +88,46 @@ __device__ __forceinline__ void unpack(const Pack<T, kN>& in, float (&out)[kN]) 
   for (int j = 0; j < kN; ++j) out[j] = to_f32(in.v[j]);
 }
 
+// Adds the n (>= 1) dout rows of a chain, from `head` along `next`, into acc
+// in float32: kPacksPerThread packs of each, from pack c0 in steps of
+// `group`. The next link is read while this row's packs are in flight.
+template <typename T, int kN>
+__device__ __forceinline__ void add_chain(const Pack<T, kN>* __restrict__ dout, int64_t packs,
+                                          int64_t c0, int group, int32_t n, int32_t head,
+                                          const int32_t* __restrict__ next,
+                                          float (&acc)[kPacksPerThread][kN]) {
+  int32_t row = head;
+  for (int32_t j = 0; j < n; ++j) {
+    const int32_t following = j + 1 < n ? next[row] : 0;
+    const int64_t at = int64_t(row) * packs;
+#pragma unroll
+    for (int u = 0; u < kPacksPerThread; ++u) {
+      if (c0 + u * group < packs) {
+        float v[kN];
+        unpack(dout[at + c0 + u * group], v);
+#pragma unroll
+        for (int e = 0; e < kN; ++e) acc[u][e] += v[e];
+      }
+    }
+    row = following;
+  }
+}
+
+// Writes acc (kPacksPerThread packs from c0, as add_chain), rounded, into the table row at dst.
+template <typename T, int kN>
+__device__ __forceinline__ void store_rounded(Pack<T, kN>* dst, int64_t packs, int64_t c0,
+                                              int group, const float (&acc)[kPacksPerThread][kN]) {
+#pragma unroll
+  for (int u = 0; u < kPacksPerThread; ++u) {
+    if (c0 + u * group < packs) {
+      Pack<T, kN> out;
+#pragma unroll
+      for (int e = 0; e < kN; ++e) out.v[e] = from_f32<T>(acc[u][e]);
+      dst[c0 + u * group] = out;
+    }
+  }
+}
+
 // ------------------------------------------------------------------ forward
 // Group g copies table row embedding_row(ids[i]) to out row i (or the fill).
 template <typename T, int kN>
@@ -138,48 +178,94 @@ __global__ void __launch_bounds__(kBlockThreads) scatter_add_f32_kernel(Embeddin
   }
 }
 
-// 16-bit tables, step 1 of 4: count the ids that read each table row
-// (count = row_index + rows, zeroed by the launcher); the first to arrive
-// becomes the row's owner (the only writer of row_index[r]).
+// The fast path's index for 16-bit tables, in row_index (params.h).
+struct ChainIndex {
+  int32_t *head, *count, *anchor, *next;
+  __device__ explicit ChainIndex(const EmbeddingBwdParams& p)
+      : head(p.row_index),
+        count(p.row_index + p.rows + 1),
+        anchor(p.row_index + 2 * p.rows + 1),
+        next(p.row_index + 3 * p.rows + 1) {}
+};
+
+// 16-bit tables, step 1 of 3: count the ids that read each table row (the
+// counts zeroed by the launcher) and chain them: the row's head becomes this
+// id, which links to the head before it (the first id's link is never
+// followed, so the heads need no zeroing). The id that makes the row hot
+// becomes its anchor and zeroes its own scratch row for step 2.
+template <int kN>
 __global__ void __launch_bounds__(kBlockThreads) claim_rows_kernel(EmbeddingBwdParams p) {
-  int32_t* count = p.row_index + p.rows;
+  using F = Pack<float, kN>;
+  const ChainIndex x(p);
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < p.num_ids;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = embedding_row(p.ids[i], p.rows, p.mode);
-    if (r < p.rows && atomicAdd(count + r, 1) == 0) p.row_index[r] = int32_t(i);
-  }
-}
-
-// Steps 2 and 3, for rows read more than once: kOwner: the owner stores its
-// dout row, in float32, as scratch row `owner` (plain stores: scratch needs
-// no zeroing); then, in a second launch, !kOwner: the other ids add into it.
-template <typename T, int kN, bool kOwner>
-__global__ void __launch_bounds__(kBlockThreads) accumulate_kernel(EmbeddingBwdParams p, Layout l) {
-  using P = Pack<T, kN>;
-  using F = Pack<float, kN>;
-  const int64_t packs = p.dim / kN;
-  const P* __restrict__ dout = static_cast<const P*>(p.dout);
-  const int32_t* count = p.row_index + p.rows;
-  for (int64_t i = l.first_row(); i < p.num_ids; i += l.row_stride()) {
-    const int64_t r = embedding_row(p.ids[i], p.rows, p.mode);
-    if (r >= p.rows || count[r] < 2) continue;
-    const int64_t owner = p.row_index[r];
-    if ((owner == i) != kOwner) continue;
-    float* dst = p.scratch + owner * p.dim;
-    for (int64_t c = l.lane(); c < packs; c += l.group()) {
-      F v;
-      unpack(dout[i * packs + c], v.v);
-      if constexpr (kOwner) {
-        reinterpret_cast<F*>(dst)[c] = v;
-      } else {
-        red_add(dst + c * kN, v.v);
-      }
+    if (r >= p.rows) continue;
+    x.next[i] = atomicExch(x.head + r, int32_t(i));
+    if (atomicAdd(x.count + r, 1) == kEmbeddingChain) {
+      F zero;
+#pragma unroll
+      for (int j = 0; j < kN; ++j) zero.v[j] = 0.f;
+      F* row = reinterpret_cast<F*>(p.scratch + i * p.dim);
+      for (int64_t c = 0; c < p.dim / kN; ++c) row[c] = zero;
+      x.anchor[r] = int32_t(i);
     }
   }
 }
 
-// Step 4: every table row once: zeros (no id), the owner's dout row (one
-// id: the float32 sum of one term is that term), or the rounded scratch sum.
+// Ids a block of step 2 takes: the first kAccumulateIds lanes of warp 0
+// read their ids' counts at once, and only the hot rows' ids are added.
+// (One block per id spent ~20 us of block launches on 16k ids, nearly all
+// of them cold; a block per 16 ids still spreads a hot row's adds widely.)
+constexpr int kAccumulateIds = 16;
+
+// Step 2: every id of a hot row adds its dout row into the anchor's
+// float32 scratch row.
+template <typename T, int kN>
+__global__ void __launch_bounds__(kBlockThreads) accumulate_kernel(EmbeddingBwdParams p, Layout l) {
+  using P = Pack<T, kN>;
+  const int64_t packs = p.dim / kN;
+  const P* __restrict__ dout = static_cast<const P*>(p.dout);
+  const ChainIndex x(p);
+  __shared__ int32_t hot_anchor[kAccumulateIds];
+  __shared__ uint32_t hot_mask;
+  const int slots = kBlockThreads >> l.shift;
+  const int slot = threadIdx.x >> l.shift;
+  for (int64_t i0 = int64_t(blockIdx.x) * kAccumulateIds; i0 < p.num_ids;
+       i0 += int64_t(gridDim.x) * kAccumulateIds) {
+    if (threadIdx.x < 32) {  // warp 0
+      const int64_t i = i0 + threadIdx.x;
+      bool hot = false;
+      if (threadIdx.x < kAccumulateIds && i < p.num_ids) {
+        const int64_t r = embedding_row(p.ids[i], p.rows, p.mode);
+        hot = r < p.rows && x.count[r] > kEmbeddingChain;
+        if (hot) hot_anchor[threadIdx.x] = x.anchor[r];
+      }
+      const uint32_t mask = __ballot_sync(0xffffffffu, hot);
+      if (threadIdx.x == 0) hot_mask = mask;
+    }
+    __syncthreads();
+    // The hot ids, one per row slot of the block in turn.
+    uint32_t mask = hot_mask;
+    for (int k = 0; mask != 0u; ++k) {
+      const int j = __ffs(mask) - 1;
+      mask &= mask - 1;
+      if (k % slots != slot) continue;
+      float* dst = p.scratch + int64_t(hot_anchor[j]) * p.dim;
+      const int64_t src = (i0 + j) * packs;
+      for (int64_t c = l.lane(); c < packs; c += l.group()) {
+        float v[kN];
+        unpack(dout[src + c], v);
+        red_add(dst + c * kN, v);
+      }
+    }
+    __syncthreads();  // hot_mask and hot_anchor are rewritten next round
+  }
+}
+
+// Step 3: every table row once: zeros (no id), the head's dout row (one id:
+// the float32 sum of one term is that term), the sum along the row's chain,
+// or the anchor's scratch sum, rounded.
 template <typename T, int kN>
 __global__ void __launch_bounds__(kBlockThreads) finalize_kernel(EmbeddingBwdParams p, Layout l) {
   using P = Pack<T, kN>;
@@ -187,15 +273,24 @@ __global__ void __launch_bounds__(kBlockThreads) finalize_kernel(EmbeddingBwdPar
   const int64_t packs = p.dim / kN;
   const P* __restrict__ dout = static_cast<const P*>(p.dout);
   P* __restrict__ dtable = static_cast<P*>(p.dtable);
-  const int32_t* count = p.row_index + p.rows;
+  const ChainIndex x(p);
+  const int group = l.group();
   for (int64_t r = l.first_row(); r < p.rows; r += l.row_stride()) {
-    const int32_t n = count[r];
-    const int64_t owner = n > 0 ? p.row_index[r] : 0;
-    const F* sums = reinterpret_cast<const F*>(p.scratch + owner * p.dim);
-    for (int64_t c = l.lane(); c < packs; c += l.group()) {
+    const int32_t n = x.count[r];
+    if (n > 1 && n <= kEmbeddingChain) {
+      for (int64_t c0 = l.lane(); c0 < packs; c0 += group * kPacksPerThread) {
+        float acc[kPacksPerThread][kN] = {};
+        add_chain(dout, packs, c0, group, n, x.head[r], x.next, acc);
+        store_rounded(dtable + r * packs, packs, c0, group, acc);
+      }
+      continue;
+    }
+    const int64_t src = n == 1 ? x.head[r] : n > 1 ? x.anchor[r] : 0;
+    const F* sums = reinterpret_cast<const F*>(p.scratch + src * p.dim);
+    for (int64_t c = l.lane(); c < packs; c += group) {
       P out;
       if (n == 1) {
-        out = dout[owner * packs + c];
+        out = dout[src * packs + c];
       } else {
         F v;
         if (n > 1) {
@@ -256,15 +351,7 @@ __global__ void __launch_bounds__(kBlockThreads) segment_sum_kernel(EmbeddingBwd
           }
         }
       }
-#pragma unroll
-      for (int u = 0; u < kPacksPerThread; ++u) {
-        if (c0 + u * group < packs) {
-          P out;
-#pragma unroll
-          for (int j = 0; j < kN; ++j) out.v[j] = from_f32<T>(acc[u][j]);
-          dtable[r * packs + c0 + u * group] = out;
-        }
-      }
+      store_rounded(dtable + r * packs, packs, c0, group, acc);
     }
   }
 }

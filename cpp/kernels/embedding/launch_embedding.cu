@@ -88,19 +88,17 @@ cudaError_t bwd_atomic_f32(const EmbeddingBwdParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// Fast, 16-bit table: float32 sums in scratch rows for table rows read more
-// than once, then one pass over the table (zeros, copies, rounded sums).
+// Fast, 16-bit table: count and chain each row's ids, sum the hot rows in
+// float32 scratch rows, then one pass over the table (zeros, copies, sums).
 template <typename T, int kN>
 cudaError_t bwd_atomic_scratch(const EmbeddingBwdParams& p, cudaStream_t stream) {
-  cudaError_t err = cudaMemsetAsync(p.row_index + p.rows, 0, sizeof(int32_t) * p.rows, stream);
+  cudaError_t err = cudaMemsetAsync(p.row_index + p.rows + 1, 0, sizeof(int32_t) * p.rows, stream);
   if (err != cudaSuccess) return err;
   const Layout l = layout_for(p.dim / kN);
-  const int64_t id_grid = grid_for(p.num_ids, l);
-  embedding::claim_rows_kernel<<<grid_for_threads(p.num_ids), kBlockThreads, 0, stream>>>(p);
+  embedding::claim_rows_kernel<kN><<<grid_for_threads(p.num_ids), kBlockThreads, 0, stream>>>(p);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  embedding::accumulate_kernel<T, kN, true><<<id_grid, kBlockThreads, 0, stream>>>(p, l);
-  if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  embedding::accumulate_kernel<T, kN, false><<<id_grid, kBlockThreads, 0, stream>>>(p, l);
+  const int64_t id_blocks = std::min(kMaxGrid, ceil_div(p.num_ids, embedding::kAccumulateIds));
+  embedding::accumulate_kernel<T, kN><<<id_blocks, kBlockThreads, 0, stream>>>(p, l);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
   embedding::finalize_kernel<T, kN><<<grid_for(p.rows, l), kBlockThreads, 0, stream>>>(p, l);
   return cudaGetLastError();

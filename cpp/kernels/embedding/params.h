@@ -54,11 +54,15 @@ struct EmbeddingFwdParams {
 //   dout : [num_ids, dim] in `dtype`;  ids : [num_ids] int32;  dtable : [rows, dim]
 // Two ways (CUDA), chosen by `sorted_rows`:
 //  - sorted_rows == null (fast): float32 atomics. float32 tables add straight
-//    into dtable. 16-bit tables: row_index[rows + r] counts the ids that read
-//    row r and row_index[r] names one of them (its owner); a row read more
-//    than once is summed in float32 `scratch` row owner ([num_ids, dim]);
-//    then one pass over the table writes every row: zeros, the owner's dout
-//    row (read once: an exact copy), or the rounded scratch sum.
+//    into dtable. 16-bit tables: the ids that read table row r are counted
+//    and chained (the row's head is the last of them to arrive, each id links
+//    to the one before it). A row read by at most kEmbeddingChain ids is
+//    summed in float32 along its chain by the pass that writes it. A row read
+//    more often (a hot row) is summed first by red.adds of all its ids into
+//    float32 `scratch` row `anchor` ([num_ids, dim]), the id that arrived
+//    (kEmbeddingChain + 1)-th, which zeroed that row when it arrived. The pass
+//    writes every table row once: zeros, the only id's dout row (an exact
+//    copy), the chain's rounded sum, or the anchor row's.
 //  - sorted_rows != null (deterministic, bit-identical across runs):
 //    sorted_rows[k] = embedding_row(ids[order[k]]) in ascending order, equal
 //    rows by ascending position (a stable sort; `rows` marks dropped ids).
@@ -76,7 +80,19 @@ struct EmbeddingBwdParams {
   const int32_t* order = nullptr;        // with sorted_rows
   void* dtable = nullptr;
   float* scratch = nullptr;     // [num_ids, dim]: fast path, 16-bit dtypes (else null)
-  int32_t* row_index = nullptr; // [2 * rows + 1] int32 scratch
+  int32_t* row_index = nullptr; // [embedding_index_entries(rows, num_ids)] int32 scratch
 };
+
+// The row_index scratch's length: the runs' starts (deterministic) or the
+// rows' heads (fast) [rows + 1]; the fast path's counts [rows], anchors
+// [rows] and chain links [num_ids].
+JAXCRAFT_HOST_DEVICE constexpr int64_t embedding_index_entries(int64_t rows, int64_t num_ids) {
+  return 3 * rows + 1 + num_ids;
+}
+
+// The longest chain the fast path's table pass walks: the walk's loads wait
+// on each other (one L2 round trip per id), while a hot row's adds run in
+// parallel; a chain of thousands of ids would stall its group.
+constexpr int kEmbeddingChain = 32;
 
 }  // namespace jaxcraft

@@ -30,6 +30,7 @@ using jaxcraft::DType;
 using jaxcraft::EmbeddingBwdParams;
 using jaxcraft::EmbeddingFwdParams;
 using jaxcraft::EmbeddingMode;
+using jaxcraft::embedding_index_entries;
 
 namespace {
 
@@ -179,7 +180,7 @@ bool run_case(const Case& c, uint64_t seed) {
   Buf d_dout(dout.data(), dout.size()), d_ids(ids.data(), N * 4);
   Buf d_sorted(sorted_rows.data(), N * 4), d_order(order.data(), N * 4);
   for (bool deterministic : {false, true}) {
-    Buf d_dtable(V * D * es), d_scratch(N * D * 4), d_index((2 * V + 1) * 4);
+    Buf d_dtable(V * D * es), d_scratch(N * D * 4), d_index(embedding_index_entries(V, N) * 4);
     EmbeddingBwdParams p;
     p.dtype = c.dt;
     p.rows = V;
@@ -241,7 +242,7 @@ void time_case(int64_t V, int64_t D, int64_t N, double skew, int64_t hot, float 
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return ids[a] < ids[b]; });
   for (int64_t k = 0; k < N; ++k) sorted_rows[k] = ids[order[k]];
   Buf table(V * D * es), out(N * D * es), dout(N * D * es), dtable(V * D * es);
-  Buf scratch(N * D * 4), index((2 * V + 1) * 4);
+  Buf scratch(N * D * 4), index(embedding_index_entries(V, N) * 4);
   Buf d_ids(ids.data(), N * 4), d_sorted(sorted_rows.data(), N * 4), d_order(order.data(), N * 4);
   constexpr int kSmallValues = 0x3c;  // 0x3c3c: ~0.01 in bf16, finite sums
   CHECK(cudaMemset(table.p, kSmallValues, table.bytes));
