@@ -228,18 +228,21 @@ TRAIN_SPECS = {
 @dataclasses.dataclass(frozen=True)
 class EmbeddingSpec:
   """An embedding lookup: `ids` ids into a [vocab, dim] table. `skew`: the
-  fraction of ids drawn from `hot` rows (many repeats), the rest uniform."""
+  fraction of ids drawn from `hot` rows (many repeats), the rest uniform.
+  `dtype`: the table's (a float32 table: the training master copy)."""
   vocab: int
   dim: int
   ids: int
   skew: float = 0.0
   hot: int = 100
+  dtype: str = "bfloat16"
 
   @property
   def name(self) -> str:
     k = lambda n: f"{n // 1024}k" if n >= 1024 else str(n)
     kind = f" skew{round(100 * self.skew)}/{self.hot}" if self.skew else " uniform"
-    return f"{k(self.vocab)} x {self.dim} {k(self.ids)} ids{kind}"
+    dtype = "" if self.dtype == "bfloat16" else f" {self.dtype}"
+    return f"{k(self.vocab)} x {self.dim}{dtype} {k(self.ids)} ids{kind}"
 
   def fwd_bytes(self, itemsize: int) -> int:
     """Read the ids' rows of the table, write them out (ids: 4 bytes each)."""
@@ -258,7 +261,9 @@ class EmbeddingSpec:
 
 
 EMBEDDING_SPECS = [EmbeddingSpec(131072, 4096, 16384), EmbeddingSpec(131072, 4096, 16384, skew=0.9),
-                   EmbeddingSpec(32768, 1024, 16384), EmbeddingSpec(32768, 1024, 16384, skew=0.9)]
+                   EmbeddingSpec(32768, 1024, 16384), EmbeddingSpec(32768, 1024, 16384, skew=0.9),
+                   EmbeddingSpec(131072, 4096, 16384, dtype="float32")]
 # Small versions of the same layout (tests/test_embedding.py's shapes are
 # smaller still); JAXCRAFT_BENCH_SMOKE=1 runs them (CPU plumbing check).
-EMBEDDING_SMOKE_SPECS = [EmbeddingSpec(8192, 256, 2048), EmbeddingSpec(8192, 256, 2048, skew=0.9, hot=10)]
+EMBEDDING_SMOKE_SPECS = [EmbeddingSpec(8192, 256, 2048), EmbeddingSpec(8192, 256, 2048, skew=0.9, hot=10),
+                         EmbeddingSpec(8192, 256, 2048, dtype="float32")]

@@ -161,24 +161,7 @@ __global__ void __launch_bounds__(kBlockThreads) lookup_kernel(EmbeddingFwdParam
 }
 
 // ------------------------------------------------------- fast backward (atomics)
-// float32 tables: dtable (zeroed by the launcher) += dout rows.
-template <int kN>
-__global__ void __launch_bounds__(kBlockThreads) scatter_add_f32_kernel(EmbeddingBwdParams p, Layout l) {
-  using P = Pack<float, kN>;
-  const int64_t packs = p.dim / kN;
-  const P* __restrict__ dout = static_cast<const P*>(p.dout);
-  float* dtable = static_cast<float*>(p.dtable);
-  for (int64_t i = l.first_row(); i < p.num_ids; i += l.row_stride()) {
-    const int64_t r = embedding_row(p.ids[i], p.rows, p.mode);
-    if (r >= p.rows) continue;
-    for (int64_t c = l.lane(); c < packs; c += l.group()) {
-      const P v = dout[i * packs + c];
-      red_add(dtable + r * p.dim + c * kN, v.v);
-    }
-  }
-}
-
-// The fast path's index for 16-bit tables, in row_index (params.h).
+// The fast path's index, in row_index (params.h).
 struct ChainIndex {
   int32_t *head, *count, *anchor, *next;
   __device__ explicit ChainIndex(const EmbeddingBwdParams& p)
@@ -188,12 +171,21 @@ struct ChainIndex {
         next(p.row_index + 3 * p.rows + 1) {}
 };
 
-// 16-bit tables, step 1 of 3: count the ids that read each table row (the
-// counts zeroed by the launcher) and chain them: the row's head becomes this
-// id, which links to the head before it (the first id's link is never
-// followed, so the heads need no zeroing). The id that makes the row hot
-// becomes its anchor and zeroes its own scratch row for step 2.
-template <int kN>
+// Where a hot table row r (anchor: the id that made it hot) is summed in
+// float32: float32 tables in the table's own row, 16-bit ones in the
+// anchor's scratch row.
+template <typename T>
+__device__ __forceinline__ float* hot_sums(const EmbeddingBwdParams& p, int64_t r, int64_t anchor) {
+  if constexpr (sizeof(T) == sizeof(float)) return static_cast<float*>(p.dtable) + r * p.dim;
+  else return p.scratch + anchor * p.dim;
+}
+
+// Step 1 of 3: count the ids that read each table row (the counts zeroed
+// by the launcher) and chain them: the row's head becomes this id, which
+// links to the head before it (the first id's link is never followed, so
+// the heads need no zeroing). The id that makes the row hot becomes its
+// anchor and zeroes the row's float32 sums (hot_sums) for step 2.
+template <typename T, int kN>
 __global__ void __launch_bounds__(kBlockThreads) claim_rows_kernel(EmbeddingBwdParams p) {
   using F = Pack<float, kN>;
   const ChainIndex x(p);
@@ -206,8 +198,8 @@ __global__ void __launch_bounds__(kBlockThreads) claim_rows_kernel(EmbeddingBwdP
       F zero;
 #pragma unroll
       for (int j = 0; j < kN; ++j) zero.v[j] = 0.f;
-      F* row = reinterpret_cast<F*>(p.scratch + i * p.dim);
-      for (int64_t c = 0; c < p.dim / kN; ++c) row[c] = zero;
+      F* sums = reinterpret_cast<F*>(hot_sums<T>(p, r, i));
+      for (int64_t c = 0; c < p.dim / kN; ++c) sums[c] = zero;
       x.anchor[r] = int32_t(i);
     }
   }
@@ -219,15 +211,15 @@ __global__ void __launch_bounds__(kBlockThreads) claim_rows_kernel(EmbeddingBwdP
 // of them cold; a block per 16 ids still spreads a hot row's adds widely.)
 constexpr int kAccumulateIds = 16;
 
-// Step 2: every id of a hot row adds its dout row into the anchor's
-// float32 scratch row.
+// Step 2: every id of a hot row adds its dout row into the row's float32
+// sums (hot_sums).
 template <typename T, int kN>
 __global__ void __launch_bounds__(kBlockThreads) accumulate_kernel(EmbeddingBwdParams p, Layout l) {
   using P = Pack<T, kN>;
   const int64_t packs = p.dim / kN;
   const P* __restrict__ dout = static_cast<const P*>(p.dout);
   const ChainIndex x(p);
-  __shared__ int32_t hot_anchor[kAccumulateIds];
+  __shared__ int32_t hot_row[kAccumulateIds], hot_anchor[kAccumulateIds];
   __shared__ uint32_t hot_mask;
   const int slots = kBlockThreads >> l.shift;
   const int slot = threadIdx.x >> l.shift;
@@ -239,7 +231,10 @@ __global__ void __launch_bounds__(kBlockThreads) accumulate_kernel(EmbeddingBwdP
       if (threadIdx.x < kAccumulateIds && i < p.num_ids) {
         const int64_t r = embedding_row(p.ids[i], p.rows, p.mode);
         hot = r < p.rows && x.count[r] > kEmbeddingChain;
-        if (hot) hot_anchor[threadIdx.x] = x.anchor[r];
+        if (hot) {
+          hot_row[threadIdx.x] = int32_t(r);
+          hot_anchor[threadIdx.x] = x.anchor[r];
+        }
       }
       const uint32_t mask = __ballot_sync(0xffffffffu, hot);
       if (threadIdx.x == 0) hot_mask = mask;
@@ -251,7 +246,7 @@ __global__ void __launch_bounds__(kBlockThreads) accumulate_kernel(EmbeddingBwdP
       const int j = __ffs(mask) - 1;
       mask &= mask - 1;
       if (k % slots != slot) continue;
-      float* dst = p.scratch + int64_t(hot_anchor[j]) * p.dim;
+      float* dst = hot_sums<T>(p, hot_row[j], hot_anchor[j]);
       const int64_t src = (i0 + j) * packs;
       for (int64_t c = l.lane(); c < packs; c += l.group()) {
         float v[kN];
@@ -259,17 +254,18 @@ __global__ void __launch_bounds__(kBlockThreads) accumulate_kernel(EmbeddingBwdP
         red_add(dst + c * kN, v);
       }
     }
-    __syncthreads();  // hot_mask and hot_anchor are rewritten next round
+    __syncthreads();  // hot_mask, hot_row and hot_anchor are rewritten next round
   }
 }
 
 // Step 3: every table row once: zeros (no id), the head's dout row (one id:
 // the float32 sum of one term is that term), the sum along the row's chain,
-// or the anchor's scratch sum, rounded.
+// or the hot row's sums, rounded (float32 tables: already in place).
 template <typename T, int kN>
 __global__ void __launch_bounds__(kBlockThreads) finalize_kernel(EmbeddingBwdParams p, Layout l) {
   using P = Pack<T, kN>;
   using F = Pack<float, kN>;
+  constexpr bool kF32 = sizeof(T) == sizeof(float);
   const int64_t packs = p.dim / kN;
   const P* __restrict__ dout = static_cast<const P*>(p.dout);
   P* __restrict__ dtable = static_cast<P*>(p.dtable);
@@ -277,6 +273,7 @@ __global__ void __launch_bounds__(kBlockThreads) finalize_kernel(EmbeddingBwdPar
   const int group = l.group();
   for (int64_t r = l.first_row(); r < p.rows; r += l.row_stride()) {
     const int32_t n = x.count[r];
+    if (n > kEmbeddingChain && kF32) continue;
     if (n > 1 && n <= kEmbeddingChain) {
       for (int64_t c0 = l.lane(); c0 < packs; c0 += group * kPacksPerThread) {
         float acc[kPacksPerThread][kN] = {};
@@ -285,8 +282,8 @@ __global__ void __launch_bounds__(kBlockThreads) finalize_kernel(EmbeddingBwdPar
       }
       continue;
     }
-    const int64_t src = n == 1 ? x.head[r] : n > 1 ? x.anchor[r] : 0;
-    const F* sums = reinterpret_cast<const F*>(p.scratch + src * p.dim);
+    const int64_t src = n == 1 ? x.head[r] : 0;
+    const F* sums = n > 1 ? reinterpret_cast<const F*>(hot_sums<T>(p, r, x.anchor[r])) : nullptr;
     for (int64_t c = l.lane(); c < packs; c += group) {
       P out;
       if (n == 1) {

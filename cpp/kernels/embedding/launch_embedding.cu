@@ -78,24 +78,14 @@ cudaError_t bwd_sorted(const EmbeddingBwdParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// Fast, float32 table: zero dtable, then atomics straight into it.
-template <int kN>
-cudaError_t bwd_atomic_f32(const EmbeddingBwdParams& p, cudaStream_t stream) {
-  cudaError_t err = cudaMemsetAsync(p.dtable, 0, sizeof(float) * p.rows * p.dim, stream);
-  if (err != cudaSuccess) return err;
-  const Layout l = layout_for(p.dim / kN);
-  embedding::scatter_add_f32_kernel<kN><<<grid_for(p.num_ids, l), kBlockThreads, 0, stream>>>(p, l);
-  return cudaGetLastError();
-}
-
-// Fast, 16-bit table: count and chain each row's ids, sum the hot rows in
-// float32 scratch rows, then one pass over the table (zeros, copies, sums).
+// Fast: count and chain each row's ids, sum the hot rows in float32
+// (hot_sums), then one pass over the table (zeros, copies, sums).
 template <typename T, int kN>
-cudaError_t bwd_atomic_scratch(const EmbeddingBwdParams& p, cudaStream_t stream) {
+cudaError_t bwd_chained(const EmbeddingBwdParams& p, cudaStream_t stream) {
   cudaError_t err = cudaMemsetAsync(p.row_index + p.rows + 1, 0, sizeof(int32_t) * p.rows, stream);
   if (err != cudaSuccess) return err;
   const Layout l = layout_for(p.dim / kN);
-  embedding::claim_rows_kernel<kN><<<grid_for_threads(p.num_ids), kBlockThreads, 0, stream>>>(p);
+  embedding::claim_rows_kernel<T, kN><<<grid_for_threads(p.num_ids), kBlockThreads, 0, stream>>>(p);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
   const int64_t id_blocks = std::min(kMaxGrid, ceil_div(p.num_ids, embedding::kAccumulateIds));
   embedding::accumulate_kernel<T, kN><<<id_blocks, kBlockThreads, 0, stream>>>(p, l);
@@ -108,14 +98,12 @@ template <typename T>
 cudaError_t bwd_typed(const EmbeddingBwdParams& p, cudaStream_t stream) {
   const bool vec = can_vectorize<T>(p.dim, {p.dout, p.dtable});
   if (p.sorted_rows) return vec ? bwd_sorted<T, kVecN<T>>(p, stream) : bwd_sorted<T, 1>(p, stream);
-  if constexpr (sizeof(T) == sizeof(float)) {
-    return vec ? bwd_atomic_f32<kVecN<float>>(p, stream) : bwd_atomic_f32<1>(p, stream);
-  } else {
-    // The scratch rows are float32: 16-byte aligned whenever the 16-bit rows are.
-    if (!p.scratch || !p.row_index) return cudaErrorInvalidValue;
-    return vec && aligned16(p.scratch) ? bwd_atomic_scratch<T, kVecN<T>>(p, stream)
-                                       : bwd_atomic_scratch<T, 1>(p, stream);
-  }
+  // The 16-bit tables' scratch rows are float32: 16-byte aligned whenever
+  // the 16-bit rows are.
+  const bool f32 = sizeof(T) == sizeof(float);
+  if (!p.row_index || (!f32 && !p.scratch)) return cudaErrorInvalidValue;
+  return vec && (f32 || aligned16(p.scratch)) ? bwd_chained<T, kVecN<T>>(p, stream)
+                                               : bwd_chained<T, 1>(p, stream);
 }
 
 }  // namespace

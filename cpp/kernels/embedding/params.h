@@ -53,16 +53,16 @@ struct EmbeddingFwdParams {
 // accumulated in float32 and rounded once to `dtype`; rows no id reads are 0.
 //   dout : [num_ids, dim] in `dtype`;  ids : [num_ids] int32;  dtable : [rows, dim]
 // Two ways (CUDA), chosen by `sorted_rows`:
-//  - sorted_rows == null (fast): float32 atomics. float32 tables add straight
-//    into dtable. 16-bit tables: the ids that read table row r are counted
-//    and chained (the row's head is the last of them to arrive, each id links
-//    to the one before it). A row read by at most kEmbeddingChain ids is
-//    summed in float32 along its chain by the pass that writes it. A row read
-//    more often (a hot row) is summed first by red.adds of all its ids into
-//    float32 `scratch` row `anchor` ([num_ids, dim]), the id that arrived
-//    (kEmbeddingChain + 1)-th, which zeroed that row when it arrived. The pass
-//    writes every table row once: zeros, the only id's dout row (an exact
-//    copy), the chain's rounded sum, or the anchor row's.
+//  - sorted_rows == null (fast): the ids that read table row r are counted
+//    and chained (the row's head is the last of them to arrive, each id
+//    links to the one before it). A row read by at most kEmbeddingChain ids
+//    is summed in float32 along its chain by the pass that writes it. A row
+//    read more often (a hot row) is summed first by float32 red.adds of all
+//    its ids: in place in a float32 dtable, else in `scratch` row `anchor`
+//    ([num_ids, dim], 16-bit tables only), the anchor being the id that
+//    arrived (kEmbeddingChain + 1)-th and zeroed those sums. The pass writes
+//    every other table row once: zeros, the only id's dout row (an exact
+//    copy), or the chain's or the scratch row's rounded sum.
 //  - sorted_rows != null (deterministic, bit-identical across runs):
 //    sorted_rows[k] = embedding_row(ids[order[k]]) in ascending order, equal
 //    rows by ascending position (a stable sort; `rows` marks dropped ids).

@@ -226,12 +226,12 @@ bool run_case(const Case& c, uint64_t seed) {
   return ok;
 }
 
-// bf16 at the benchmark shape; bytes as bench/specs.py's EmbeddingSpec counts
+// The benchmark shapes; bytes as bench/specs.py's EmbeddingSpec counts
 // them: forward N rows read + written; backward the cotangent read and the
 // whole dense dtable written once. The deterministic path's sort (XLA's, in
 // the library) is not timed here.
-void time_case(int64_t V, int64_t D, int64_t N, double skew, int64_t hot, float copy_gbps) {
-  const size_t es = 2;
+void time_case(DType dt, int64_t V, int64_t D, int64_t N, double skew, int64_t hot, float copy_gbps) {
+  const size_t es = dsize(dt);
   Rng rng{7};
   std::vector<int64_t> hot_rows(hot);
   for (auto& r : hot_rows) r = rng.range(0, V);
@@ -244,11 +244,11 @@ void time_case(int64_t V, int64_t D, int64_t N, double skew, int64_t hot, float 
   Buf table(V * D * es), out(N * D * es), dout(N * D * es), dtable(V * D * es);
   Buf scratch(N * D * 4), index(embedding_index_entries(V, N) * 4);
   Buf d_ids(ids.data(), N * 4), d_sorted(sorted_rows.data(), N * 4), d_order(order.data(), N * 4);
-  constexpr int kSmallValues = 0x3c;  // 0x3c3c: ~0.01 in bf16, finite sums
+  constexpr int kSmallValues = 0x3c;  // ~0.01 in bf16 (0x3c3c) and float32, finite sums
   CHECK(cudaMemset(table.p, kSmallValues, table.bytes));
   CHECK(cudaMemset(dout.p, kSmallValues, dout.bytes));
   EmbeddingFwdParams fp;
-  fp.dtype = DType::kBF16;
+  fp.dtype = dt;
   fp.rows = V;
   fp.dim = D;
   fp.num_ids = N;
@@ -256,14 +256,14 @@ void time_case(int64_t V, int64_t D, int64_t N, double skew, int64_t hot, float 
   fp.ids = static_cast<int32_t*>(d_ids.p);
   fp.out = out.p;
   EmbeddingBwdParams bp;
-  bp.dtype = DType::kBF16;
+  bp.dtype = dt;
   bp.rows = V;
   bp.dim = D;
   bp.num_ids = N;
   bp.dout = dout.p;
   bp.ids = fp.ids;
   bp.dtable = dtable.p;
-  bp.scratch = static_cast<float*>(scratch.p);
+  bp.scratch = dt == DType::kF32 ? nullptr : static_cast<float*>(scratch.p);
   bp.row_index = static_cast<int32_t*>(index.p);
   EmbeddingBwdParams dp = bp;
   dp.scratch = nullptr;
@@ -276,9 +276,9 @@ void time_case(int64_t V, int64_t D, int64_t N, double skew, int64_t hot, float 
   const double fwd_bytes = 2.0 * N * D * es + 4.0 * N;
   const double bwd_bytes = double(N + V) * D * es + 4.0 * N;
   auto gbps = [](double bytes, float ms) { return bytes / ms / 1e6; };
-  std::printf("timing bf16 V=%lld D=%lld N=%lld %s: fwd %.1f us %.0f GB/s (%.0f%%)  "
+  std::printf("timing %s V=%lld D=%lld N=%lld %s: fwd %.1f us %.0f GB/s (%.0f%%)  "
               "bwd fast %.1f us %.0f GB/s (%.0f%%)  bwd det %.1f us %.0f GB/s (%.0f%%)\n",
-              (long long)V, (long long)D, (long long)N, skew ? "skewed" : "uniform", fwd * 1e3,
+              dname(dt), (long long)V, (long long)D, (long long)N, skew ? "skewed" : "uniform", fwd * 1e3,
               gbps(fwd_bytes, fwd), 100 * gbps(fwd_bytes, fwd) / copy_gbps, fast * 1e3,
               gbps(bwd_bytes, fast), 100 * gbps(bwd_bytes, fast) / copy_gbps, det * 1e3,
               gbps(bwd_bytes, det), 100 * gbps(bwd_bytes, det) / copy_gbps);
@@ -324,10 +324,12 @@ int main(int argc, char** argv) {
   if (timing) {
     const float copy = copy_bandwidth_gbps(kTimingReps);
     std::printf("device-to-device copy: %.0f GB/s (read + write)\n", copy);
-    time_case(131072, 4096, 16384, 0.0, 100, copy);
-    time_case(131072, 4096, 16384, 0.9, 100, copy);
-    time_case(32768, 1024, 16384, 0.0, 100, copy);
-    time_case(32768, 1024, 16384, 0.9, 100, copy);
+    for (DType dt : {DType::kBF16, DType::kF32}) {
+      time_case(dt, 131072, 4096, 16384, 0.0, 100, copy);
+      time_case(dt, 131072, 4096, 16384, 0.9, 100, copy);
+      time_case(dt, 32768, 1024, 16384, 0.0, 100, copy);
+      time_case(dt, 32768, 1024, 16384, 0.9, 100, copy);
+    }
   }
 
   std::printf("%s\n", all_ok ? "ALL PASS" : "SOME FAILED");
