@@ -70,9 +70,10 @@ Config pick_config(int64_t vectors, bool backward, bool f32) {
   // lost 3.5% (1611 -> 1670 us).
   // Float32 forward rows of 64K-128K columns: clusters of four 1024-thread
   // CTAs holding eight vectors per thread in registers (a 128 KB one-stage
-  // ring, refilled once x is read), where eight CTAs of four vectors ran on
-  // the 15 clusters of 8 that fit the GPCs (120 SMs): H100 f32 [4k, 128k]
-  // 1683 -> 1591 us (85% -> 89.5% of copy). 16-bit rows would spill.
+  // ring, refilled once x is read; half the CTAs per cluster barrier) where
+  // eight CTAs of four vectors ran (both grids hold 120 CTAs on the H100):
+  // f32 [4k, 128k] 1683 -> 1591 us (85% -> 89.5% of copy). 16-bit rows
+  // would spill (bench/NOTES.md, twenty-sixth session).
   if (!backward && f32 && ctas > kMaxSplit / 2 && ctas <= kMaxSplit)
     return {1024, 2 * vecs, kMaxSplit / 2};
   if (!backward && ctas > 2 && (vectors + 512 * vecs - 1) / (512 * vecs) <= kMaxSplit)
