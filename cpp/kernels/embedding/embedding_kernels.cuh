@@ -88,6 +88,22 @@ __device__ __forceinline__ void unpack(const Pack<T, kN>& in, float (&out)[kN]) 
   for (int j = 0; j < kN; ++j) out[j] = to_f32(in.v[j]);
 }
 
+// Adds kPacksPerThread packs of the dout row starting at pack `at` (from
+// pack c0 in steps of `group`) into acc in float32.
+template <typename T, int kN>
+__device__ __forceinline__ void add_row(const Pack<T, kN>* __restrict__ dout, int64_t at, int64_t packs,
+                                        int64_t c0, int group, float (&acc)[kPacksPerThread][kN]) {
+#pragma unroll
+  for (int u = 0; u < kPacksPerThread; ++u) {
+    if (c0 + u * group < packs) {
+      float v[kN];
+      unpack(dout[at + c0 + u * group], v);
+#pragma unroll
+      for (int e = 0; e < kN; ++e) acc[u][e] += v[e];
+    }
+  }
+}
+
 // Adds the n (>= 1) dout rows of a chain, from `head` along `next`, into acc
 // in float32: kPacksPerThread packs of each, from pack c0 in steps of
 // `group`. The next link is read while this row's packs are in flight.
@@ -99,16 +115,7 @@ __device__ __forceinline__ void add_chain(const Pack<T, kN>* __restrict__ dout, 
   int32_t row = head;
   for (int32_t j = 0; j < n; ++j) {
     const int32_t following = j + 1 < n ? next[row] : 0;
-    const int64_t at = int64_t(row) * packs;
-#pragma unroll
-    for (int u = 0; u < kPacksPerThread; ++u) {
-      if (c0 + u * group < packs) {
-        float v[kN];
-        unpack(dout[at + c0 + u * group], v);
-#pragma unroll
-        for (int e = 0; e < kN; ++e) acc[u][e] += v[e];
-      }
-    }
+    add_row(dout, int64_t(row) * packs, packs, c0, group, acc);
     row = following;
   }
 }
@@ -336,18 +343,7 @@ __global__ void __launch_bounds__(kBlockThreads) segment_sum_kernel(EmbeddingBwd
       float acc[kPacksPerThread][kN] = {};
       // No stores in the loop: the compiler may run the unrolled loads ahead.
 #pragma unroll 4
-      for (int64_t k = begin; k < end; ++k) {
-        const int64_t src = int64_t(p.order[k]) * packs;
-#pragma unroll
-        for (int u = 0; u < kPacksPerThread; ++u) {
-          if (c0 + u * group < packs) {
-            float v[kN];
-            unpack(dout[src + c0 + u * group], v);
-#pragma unroll
-            for (int j = 0; j < kN; ++j) acc[u][j] += v[j];
-          }
-        }
-      }
+      for (int64_t k = begin; k < end; ++k) add_row(dout, int64_t(p.order[k]) * packs, packs, c0, group, acc);
       store_rounded(dtable + r * packs, packs, c0, group, acc);
     }
   }
