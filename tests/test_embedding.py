@@ -98,14 +98,17 @@ def test_gradients(platform, dtype, mode, deterministic):
     np.testing.assert_array_equal(f64(g)[untouched], 0.0)
 
 
-def test_skewed_ids_gradient(platform):
-  # 90% of the ids from 5 rows: long runs per row (sorted path), contended atomics.
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_skewed_ids_gradient(platform, dtype):
+  # 90% of the ids from 5 rows: long runs per row (sorted path); on the CUDA
+  # fast path, rows of more than 32 ids summed by atomics (float32 tables in
+  # place) and the other repeated rows along their chains.
   rows, dim, n = 300, 520, 1500
   k = jax.random.split(jax.random.key(7), 4)
   hot = jax.random.randint(k[0], (n,), 0, 5) * 61
   ids = jnp.where(jax.random.uniform(k[1], (n,)) < 0.9, hot, jax.random.randint(k[2], (n,), 0, rows))
-  table = random(k[3], (rows, dim), jnp.bfloat16)
-  ct = random(k[0], (n, dim), jnp.bfloat16)
+  table = random(k[3], (rows, dim), dtype)
+  ct = random(k[0], (n, dim), dtype)
   ref = _dtable64(ct, ids, rows, "fill")
   lowp = _grad(table, ids, ct, implementation="xla")
   for deterministic in (False, True):
