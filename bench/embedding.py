@@ -1,6 +1,6 @@
 """Embedding lookup: jaxcraft (both backward paths) vs XLA (jnp.take and its
-autodiff), bf16 (and one float32 table), GB/s by the explicit byte formulas of specs.EmbeddingSpec
-and % of the copy ceiling.
+autodiff), bf16 tables and one float32 table, GB/s by the explicit byte
+formulas of specs.EmbeddingSpec and % of the copy ceiling.
 
 Forward step: the previous step's output feeds the next step's ids (ids +
 (out[:, 0] == marker), the marker an argument XLA cannot fold), so every
