@@ -918,10 +918,19 @@ cudaError_t launch_fwd_sm90(const FwdArgs& a, cudaStream_t stream,
   const int max_grid = persistent_grid_size();
   if (units + max_grid > INT32_MAX) return cudaErrorInvalidValue;
   p.units = static_cast<int>(units);
-  // Each query head's tiles stream its KV head's K and V.
+  // Each query head's tiles stream its KV head's K and V. Causal pairs
+  // (tile i with tile m - 1 - i) all carry the same work, so tile-major
+  // groups balance nothing there, and at head dims 128 and 256 head-major
+  // order is faster: kernel alone, H100, D128 S512 causal 113-115 -> 106 us,
+  // S1024 151 -> 141, S2048 238 -> 230, S4096 420 -> 413; D256 S512 127 ->
+  // 119, S1024 147 -> 138, S2048 217 -> 209 (unpaired rows lost 4-8% with
+  // it: D128 S8192, D256 S4096 and S8192). Head dim 64 (192-query tiles)
+  // lost 14-28% at S512-S2048 and keeps the groups (bench/NOTES.md).
+  const bool head_major = p.paired && Cfg::kHeadDim >= 128;
   p.order = tile_order(unit_tiles, s.num_heads, s.batch,
-                       tile_group(a.mask.causal, int64_t(s.seqlen_k) * s.head_dim * 4,
-                                  int64_t(s.num_heads) * s.batch));
+                       head_major ? 1
+                                  : tile_group(a.mask.causal, int64_t(s.seqlen_k) * s.head_dim * 4,
+                                               int64_t(s.num_heads) * s.batch));
   const int grid = persistent ? std::min(p.units, max_grid) : p.units;
   kernel<<<grid, Cfg::kThreads, smem, stream>>>(p);
   return cudaGetLastError();
