@@ -1071,8 +1071,8 @@ cudaError_t launch_bwd_sm90(const BwdArgs& a, cudaStream_t stream,
   // where the L2 bound alone allowed 32-128: kernel alone, H100, S512
   // causal 0.90 of the time at head dim 64, 0.95 at 128, 0.96 at 256; S1024
   // 0.98, 0.99, 1.00 (bench/NOTES.md).
-  const int group = tile_group(a.mask.causal, int64_t(s.seqlen_q) * s.head_dim * 4 * (s.num_heads / s.num_kv_heads),
-                               int64_t(s.num_kv_heads) * s.batch);
+  const int64_t bytes_per_head = int64_t(s.seqlen_q) * s.head_dim * 4 * (s.num_heads / s.num_kv_heads);
+  const int group = tile_group(a.mask.causal, bytes_per_head, int64_t(s.num_kv_heads) * s.batch);
   p.order = tile_order(grid.x, s.num_kv_heads, s.batch, grid.x <= 8 ? std::min(group, 4) : group);
   kernel<<<grid, Cfg::kThreads, smem, stream>>>(p);
   return cudaGetLastError();
