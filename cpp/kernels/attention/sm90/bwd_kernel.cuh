@@ -1067,13 +1067,14 @@ cudaError_t launch_bwd_sm90(const BwdArgs& a, cudaStream_t stream,
   const dim3 grid((s.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, s.num_kv_heads, s.batch);
   // Each KV head's tiles stream Q and dO of the query heads of its group.
   if (int64_t(grid.x) * grid.y * grid.z > INT32_MAX) return cudaErrorInvalidValue;
-  // Short causal rows (up to 8 key tiles) in groups of at most 4 heads,
-  // where the L2 bound alone allowed 32-128: kernel alone, H100, S512
-  // causal 0.90 of the time at head dim 64, 0.95 at 128, 0.96 at 256; S1024
-  // 0.98, 0.99, 1.00 (bench/NOTES.md).
+  // Short causal rows (up to 4 key tiles) in groups of at most 4 heads,
+  // where the L2 bound alone allowed 32-128: kernel alone, S512 causal 0.90
+  // of the time at head dim 64, 0.95 at 128, 0.96 at 256 (H100; H200 0.99,
+  // 0.96, 0.96). At S1024 the same was mixed (H100 0.98-1.00, H200
+  // 1.00-1.03) and keeps the groups (bench/NOTES.md).
   const int64_t bytes_per_head = int64_t(s.seqlen_q) * s.head_dim * 4 * (s.num_heads / s.num_kv_heads);
   const int group = tile_group(a.mask.causal, bytes_per_head, int64_t(s.num_kv_heads) * s.batch);
-  p.order = tile_order(grid.x, s.num_kv_heads, s.batch, grid.x <= 8 ? std::min(group, 4) : group);
+  p.order = tile_order(grid.x, s.num_kv_heads, s.batch, grid.x <= 4 ? std::min(group, 4) : group);
   kernel<<<grid, Cfg::kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
