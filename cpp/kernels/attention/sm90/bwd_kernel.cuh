@@ -1067,14 +1067,15 @@ cudaError_t launch_bwd_sm90(const BwdArgs& a, cudaStream_t stream,
   const dim3 grid((s.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, s.num_kv_heads, s.batch);
   // Each KV head's tiles stream Q and dO of the query heads of its group.
   if (int64_t(grid.x) * grid.y * grid.z > INT32_MAX) return cudaErrorInvalidValue;
-  // Short causal rows (up to 4 key tiles) in groups of at most 4 heads,
-  // where the L2 bound alone allowed 32-128: kernel alone, S512 causal 0.90
-  // of the time at head dim 64, 0.95 at 128, 0.96 at 256 (H100; H200 0.99,
-  // 0.96, 0.96). At S1024 the same was mixed (H100 0.98-1.00, H200
-  // 1.00-1.03) and keeps the groups (bench/NOTES.md).
+  // Causal groups of at most 16 heads, and of 4 where a head has at most 4
+  // key tiles, where the L2 bound alone allowed up to 256 at short rows:
+  // kernel alone, S512 causal 0.90 of the time at head dim 64, 0.95 at 128,
+  // 0.96 at 256 (H100; H200 0.99, 0.96, 0.96); head dim 64 S1024 0.97
+  // (H100). Groups of 4 at S1024 were mixed (H100 0.98-1.00, H200
+  // 1.00-1.03; bench/NOTES.md).
   const int64_t bytes_per_head = int64_t(s.seqlen_q) * s.head_dim * 4 * (s.num_heads / s.num_kv_heads);
   const int group = tile_group(a.mask.causal, bytes_per_head, int64_t(s.num_kv_heads) * s.batch);
-  p.order = tile_order(grid.x, s.num_kv_heads, s.batch, grid.x <= 4 ? std::min(group, 4) : group);
+  p.order = tile_order(grid.x, s.num_kv_heads, s.batch, std::min(group, grid.x <= 4 ? 4 : 16));
   kernel<<<grid, Cfg::kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
