@@ -10,7 +10,10 @@
 // groups of `group` heads runs the largest tiles of a group first and the
 // smallest last, and the group's data still fits in L2. A list-scheduling
 // model of D64 S2048 causal, 132 SMs, gives 87% -> 94% busy (forward) and
-// 91% -> 96% (backward).
+// 91% -> 96% (backward). The launchers narrow the groups where that balance
+// costs more than it gives: the forward's causal pairs (equal work) run
+// head-major at head dims 128 and 256, the backward caps its groups at 16
+// heads (4 at S512); short rows read their K/V (Q/dO) in bursts otherwise.
 #pragma once
 #include <cuda_runtime.h>
 
