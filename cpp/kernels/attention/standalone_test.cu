@@ -555,8 +555,10 @@ std::vector<Case> cases() {
     const std::vector<int> heads = dt == DType::kBF16 ? std::vector<int>{64, 128, 80}
                                                       : std::vector<int>{128, 64, 32, 256, 192};
     for (int H : heads) {
+      // 256 x 384: query rows a multiple of 64 but not of head dim 64's
+      // 192-row tiles (the last tile's third warpgroup has no rows).
       std::vector<std::pair<int, int>> lens = {{1, 1}, {7, 7}, {64, 64}, {129, 129}, {1000, 1000},
-                                               {129, 1000}, {1000, 129}, {7, 129}};
+                                               {129, 1000}, {1000, 129}, {7, 129}, {256, 384}};
       if (dt == DType::kF16) lens = {{7, 7}, {129, 129}, {300, 200}};
       for (const auto& ts : lens) {
         const int T = ts.first, S = ts.second;
@@ -651,12 +653,14 @@ std::vector<Case> feature_cases() {
   add(hf, 128, 130, 67, "seg unsorted", false, 0, -1, -1, unsorted);
   add(bf, 128, 1000, 1000, "seg sorted causal", true, 0, -1, -1, sorted);
   add(bf, 64, 1000, 1000, "seg sorted window 100/0", false, 0, 100, 0, sorted);
+  add(hf, 64, 320, 320, "seg unsorted causal", true, 0, -1, -1, unsorted);  // a partial 192-row tile
   // Dropout.
   add(bf, 64, 67, 130, "dropout 0.2", false, 0, -1, -1, feat([](Feat& f) { f.dropout = 0.2f; }));
   add(hf, 128, 130, 130, "dropout 0.5 bcast causal", true, 0, -1, -1,
       feat([](Feat& f) { f.dropout = 0.5f; f.dropout_bcast = true; }));
   add(bf, 128, 300, 1000, "dropout 0.1 causal br", true, 700, -1, -1,
       feat([](Feat& f) { f.dropout = 0.1f; }));
+  add(bf, 64, 256, 256, "dropout 0.1 causal", true, 0, -1, -1, feat([](Feat& f) { f.dropout = 0.1f; }));
   // Everything together, on every head-dim bucket.
   const Feat all = feat([](Feat& f) {
     f.softcap = 5.f;
