@@ -63,11 +63,13 @@ def time_step(step, carry, *consts, custom_call=True, short=2, long=12, reps=5,
   long chain is lengthened (up to `max_long` steps) and timed again, so that
   host jitter of a few tens of microseconds cannot move the result of a fast
   step by more than a few percent.
-  `repeats` (default: the JAXCRAFT_BENCH_REPEATS variable, else 1): the
-  chain pair is timed this many times and the median step returned; single
-  attention cells moved by 10-20% between back-to-back sweeps.
+  `repeats` (default: the JAXCRAFT_BENCH_REPEATS variable, else 3): the
+  chain pair is timed this many times and the median step returned. With one
+  timing, single attention cells moved by 5-20% between back-to-back sweeps;
+  the median of three is the default since the twenty-eighth session (the
+  whole 36-row attention sweep against cuDNN then took 129 s on an H200).
   """
-  repeats = repeats or int(os.environ.get("JAXCRAFT_BENCH_REPEATS", "1"))
+  repeats = repeats or int(os.environ.get("JAXCRAFT_BENCH_REPEATS", "3"))
   short_fn, long_fn = _chain(step, short, custom_call), _chain(step, long, custom_call)
   t_short = _wall(short_fn, carry, consts, reps)
   t_long = _wall(long_fn, carry, consts, reps)
