@@ -1,9 +1,10 @@
 // Timing for the standalone kernel test programs (not the library): the
-// mean time of repeated launches, the device-to-device copy bandwidth the
+// time per launch of repeated launches, the device-to-device copy bandwidth the
 // GB/s figures are compared with, and random data to time on.
 #pragma once
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -11,23 +12,28 @@
 
 namespace jaxcraft_test {
 
-// Mean milliseconds of `reps` back-to-back calls of `launch` (returning a
-// cudaError_t), after one warm-up call.
+// Milliseconds per call of `launch` (returning a cudaError_t): the median
+// of three rounds of `reps` back-to-back calls, after a warm-up of reps / 2
+// calls (at least 2). One warm-up call left a process's first timed case up
+// to 10% slow (the GPU still ramping; bench/NOTES.md, twenty-eighth
+// session), and the median drops a round that a stray stall lengthened.
 template <class Launch>
 float mean_launch_ms(Launch&& launch, int reps) {
-  cudaEvent_t t0, t1;
-  CHECK(cudaEventCreate(&t0));
-  CHECK(cudaEventCreate(&t1));
-  CHECK(launch());
-  CHECK(cudaEventRecord(t0));
-  for (int i = 0; i < reps; ++i) CHECK(launch());
-  CHECK(cudaEventRecord(t1));
-  CHECK(cudaEventSynchronize(t1));
-  float ms = 0;
-  CHECK(cudaEventElapsedTime(&ms, t0, t1));
-  CHECK(cudaEventDestroy(t0));
-  CHECK(cudaEventDestroy(t1));
-  return ms / reps;
+  constexpr int kRounds = 3;
+  cudaEvent_t t[kRounds + 1];
+  for (cudaEvent_t& e : t) CHECK(cudaEventCreate(&e));
+  for (int i = 0; i < std::max(2, reps / 2); ++i) CHECK(launch());
+  CHECK(cudaEventRecord(t[0]));
+  for (int r = 0; r < kRounds; ++r) {
+    for (int i = 0; i < reps; ++i) CHECK(launch());
+    CHECK(cudaEventRecord(t[r + 1]));
+  }
+  CHECK(cudaEventSynchronize(t[kRounds]));
+  float ms[kRounds];
+  for (int r = 0; r < kRounds; ++r) CHECK(cudaEventElapsedTime(&ms[r], t[r], t[r + 1]));
+  for (cudaEvent_t& e : t) CHECK(cudaEventDestroy(e));
+  std::sort(ms, ms + kRounds);
+  return ms[kRounds / 2] / reps;
 }
 
 // Timing data: a hash of the index, uniform in [-4, 4), filled on the device

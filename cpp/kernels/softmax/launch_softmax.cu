@@ -46,7 +46,8 @@ int split_for(int64_t needed) { return needed <= 2 ? 2 : (needed <= 4 ? 4 : 8); 
 // bf16 / 16K f32 columns; the backward half that), then a cluster of up to 8
 // such blocks per row (256K bf16 / 128K f32 columns forward; sm_90+, else
 // launch_rows declines; float32 rows of 64K-128K columns take clusters of
-// four blocks of eight vectors forward, eight blocks of four backward).
+// four blocks of eight vectors forward, eight blocks of four backward;
+// backward rows of 2K-16K vectors take 512-thread blocks, below).
 // Wider rows stream from global memory twice.
 // (Unmasked forwards of up to 8192 16-bit / 4096 f32 columns and 16-bit
 // backwards of 1032..4096 columns take the warp kernels instead:
@@ -78,6 +79,20 @@ Config pick_config(int64_t vectors, bool backward, bool f32) {
     return {1024, 2 * vecs, kMaxSplit / 2};
   if (!backward && ctas > 2 && (vectors + 512 * vecs - 1) / (512 * vecs) <= kMaxSplit)
     return {512, vecs, kMaxSplit};
+  // Backward rows over one block, up to 16K vectors (bf16 32K-128K, f32
+  // 32K-64K columns): clusters of 512-thread CTAs, two per SM (launch_rows
+  // gives each half the shared memory), so that one CTA's loads and stores
+  // run while the other waits at its barriers; two vectors per thread up to
+  // 4K vectors (a three-stage ring fits), then four (a one-stage ring).
+  // Clusters of four where they can: the GPCs hold fewer clusters of eight.
+  // H200, against 1024-thread CTAs of two vectors in the same process: bf16
+  // [16k, 32k] 931.7 -> 811.6 us (81% -> 93% of copy), f32 [16k, 32k]
+  // 1673.5 -> 1552.5 (91% -> 98%), bf16 [4k, 128k] 925.2 -> 859.1 (82% ->
+  // 88%). Two vectors over eight CTAs at f32 32K ran 1630.8, four over
+  // two CTAs at bf16 32K 855.7 (bench/NOTES.md, twenty-ninth session).
+  if (backward && vectors <= 512 * vecs * 4) return {512, vecs, 4};
+  if (backward && vectors <= 512 * 2 * vecs * kMaxSplit)
+    return {512, 2 * vecs, split_for((vectors + 1024 * vecs - 1) / (1024 * vecs))};
   if (ctas <= kMaxSplit) return {1024, vecs, split_for(ctas)};
   // Backward rows over more than eight CTAs of two vectors (f32 128K
   // columns: 512 KiB of y) take four vectors per thread: 128 KB of y and dy
@@ -197,7 +212,11 @@ bool launch_rows(int stage_bytes, const Params& p, cudaStream_t stream, cudaErro
           cudaSuccess)
     return true;
   const int smem_limit = optin - kStaticSmemMargin;
-  const int stages = std::min(kRingStages, smem_limit / stage_bytes);
+  // 512-thread CTAs in clusters run two per SM (pick_config): each ring gets
+  // half the shared memory.
+  constexpr bool kTwoPerSm = kSplit > 1 && kThreads == 512;
+  const int ring_limit = kTwoPerSm ? optin / 2 - kStaticSmemMargin : smem_limit;
+  const int stages = std::min(kRingStages, ring_limit / stage_bytes);
   if (stages < 1) return false;
   const int smem = stages * stage_bytes;
   if ((*err = resident_walkers<kKernel, kSplit>(device, kThreads, smem, smem_limit, &walkers)) !=
@@ -359,9 +378,9 @@ cudaError_t bwd_typed(const SoftmaxBwdParams& p, cudaStream_t stream) {
     JAXCRAFT_BWD_ROWS_CASE(256, 2, 1)
     JAXCRAFT_BWD_ROWS_CASE(512, 2, 1)
     JAXCRAFT_BWD_ROWS_CASE(1024, 2, 1)
-    JAXCRAFT_BWD_ROWS_CASE(1024, 2, 2)
-    JAXCRAFT_BWD_ROWS_CASE(1024, 2, 4)
-    JAXCRAFT_BWD_ROWS_CASE(1024, 2, 8)
+    JAXCRAFT_BWD_ROWS_CASE(512, 2, 4)
+    JAXCRAFT_BWD_ROWS_CASE(512, 4, 4)
+    JAXCRAFT_BWD_ROWS_CASE(512, 4, 8)
     JAXCRAFT_BWD_ROWS_CASE(1024, 4, 8)
     default: break;
   }

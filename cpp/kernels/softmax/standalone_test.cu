@@ -170,8 +170,9 @@ bool run_case(const Case& c, uint64_t seed) {
 }
 
 // Forward: read x, write y (2 passes of rows x cols); backward: read y and
-// dy, write dx (3 passes). No mask.
-void time_case(DType dt, int64_t rows, int64_t cols, float copy) {
+// dy, write dx (3 passes). `masked`: the forward only, with one mask row
+// (all kept) shared by every row, whose bytes ride in the ring beside x.
+void time_case(DType dt, int64_t rows, int64_t cols, float copy, bool masked = false) {
   const size_t bytes = size_t(rows * cols) * dsize(dt);
   void *x, *y, *g, *d;
   CHECK(cudaMalloc(&x, bytes));
@@ -180,12 +181,18 @@ void time_case(DType dt, int64_t rows, int64_t cols, float copy) {
   CHECK(cudaMalloc(&d, bytes));
   CHECK(cudaMemset(x, 0, bytes));
   CHECK(cudaMemset(g, 0, bytes));
+  uint8_t* mask = nullptr;
+  if (masked) {
+    CHECK(cudaMalloc(&mask, cols));
+    CHECK(cudaMemset(mask, 1, cols));
+  }
   SoftmaxFwdParams fp;
   fp.dtype = dt;
   fp.rows = rows;
   fp.cols = cols;
   fp.x = x;
   fp.y = y;
+  fp.mask = mask;
   SoftmaxBwdParams bp;
   bp.dtype = dt;
   bp.rows = rows;
@@ -193,14 +200,16 @@ void time_case(DType dt, int64_t rows, int64_t cols, float copy) {
   bp.y = y;
   bp.dy = g;
   bp.dx = d;
-  for (int pass = 0; pass < 2; ++pass) {
+  for (int pass = 0; pass < (masked ? 1 : 2); ++pass) {
     const bool bwd = pass == 1;
     const double sec = 1e-3 * mean_launch_ms(
         [&] { return bwd ? launch_softmax_bwd(bp, 0) : launch_softmax_fwd(fp, 0); }, kTimingReps);
     const double gbps = (bwd ? 3.0 : 2.0) * bytes / sec / 1e9;
     std::printf("  %-4s %6lld x %-7lld %s %8.1f us %7.0f GB/s %5.1f%% of copy\n", dname(dt),
-                (long long)rows, (long long)cols, bwd ? "bwd" : "fwd", sec * 1e6, gbps, 100 * gbps / copy);
+                (long long)rows, (long long)cols, bwd ? "bwd" : masked ? "fwd masked" : "fwd", sec * 1e6,
+                gbps, 100 * gbps / copy);
   }
+  if (mask) CHECK(cudaFree(mask));
   CHECK(cudaFree(x));
   CHECK(cudaFree(y));
   CHECK(cudaFree(g));
@@ -272,6 +281,7 @@ int main(int argc, char** argv) {
       time_case(dt, 16384, 8192, copy);
       time_case(dt, 16384, 32768, copy);
       time_case(dt, 4096, 131072, copy);
+      time_case(dt, 4096, 131072, copy, /*masked=*/true);  // eight 512-thread CTAs per row
     }
     time_case(DType::kBF16, 2048, 262144, copy);  // 512 KiB rows: the four-vector backward
   }
