@@ -14,9 +14,9 @@ namespace jaxcraft_test {
 
 // Milliseconds per call of `launch` (returning a cudaError_t): the median
 // of three rounds of `reps` back-to-back calls, after a warm-up of reps / 2
-// calls (at least 2). One warm-up call left a process's first timed case up
-// to 10% slow (the GPU still ramping; bench/NOTES.md, twenty-eighth
-// session), and the median drops a round that a stray stall lengthened.
+// calls (at least 2), so that one round a stray stall lengthened does not
+// move the number. (The activation test's first case, which reads ~8% slow,
+// read the same with one warm-up call: its cause is elsewhere.)
 template <class Launch>
 float mean_launch_ms(Launch&& launch, int reps) {
   constexpr int kRounds = 3;
