@@ -36,10 +36,11 @@ def _reference64(x, axis=-1, where=None, dy=None):
 # (dtype, shape): float32 and bfloat16 over rows of 1, primes, whole 16-byte
 # vectors, 3000 and 6000 (CUDA: the warp-per-row forward with partly filled
 # lanes, 16 and 32 vectors per lane), 4097, a ~50K vocabulary and a 128K one
-# (sm_90: a row over a cluster of eight CTAs); float16 over fewer.
+# (sm_90: a row over a cluster of eight CTAs), float32 32K (sm_90: two
+# 512-thread CTAs of eight vectors); float16 over fewer.
 SHAPES = ([(jnp.bfloat16, s) for s in [(7, 1), (3, 5, 13), (4, 256), (5, 3000), (2, 4097), (3, 6000),
                                         (2, 50257), (2, 131072)]]
-          + [(jnp.float32, s) for s in [(5, 7), (6, 1000), (3, 4096), (2, 50257)]]
+          + [(jnp.float32, s) for s in [(5, 7), (6, 1000), (3, 4096), (3, 32768), (2, 50257)]]
           + [(jnp.float16, s) for s in [(3, 97), (2, 4096)]])
 IDS = [f"{d.__name__}-{'x'.join(map(str, s))}" for d, s in SHAPES]
 
@@ -62,7 +63,9 @@ def _masks(shape):
 
 
 @pytest.mark.parametrize("kind", ["full", "row", "lead1"])
-@pytest.mark.parametrize("dtype,cols", [(jnp.float32, 33), (jnp.bfloat16, 4096)])
+# bfloat16 131072 (sm_90): the masked forward over eight 512-thread CTAs,
+# two per SM, whose ring then takes two stages.
+@pytest.mark.parametrize("dtype,cols", [(jnp.float32, 33), (jnp.bfloat16, 4096), (jnp.bfloat16, 131072)])
 def test_where(platform, dtype, cols, kind):
   x = random(jax.random.key(2), (3, 4, cols), dtype, scale=SCALE)
   where = _masks(x.shape)[kind]
@@ -127,9 +130,13 @@ def test_axes(platform, axis):
                              rtol=1e-5, atol=1e-6)
 
 
-# float32 (2, 131072): on sm_90 the backward's clusters of four-vector blocks.
-GRADS = [(jnp.float32, (4, 7)), (jnp.float32, (2, 4097)), (jnp.float32, (2, 131072)),
-         (jnp.bfloat16, (3, 4096)), (jnp.bfloat16, (5, 2000)), (jnp.float16, (4, 1000))]
+# On sm_90, the backward's clusters: float32 (2, 131072) of 1024-thread
+# four-vector blocks; bfloat16 (3, 32768), float32 (3, 32768) and bfloat16
+# (2, 131072) of four 512-thread two-vector blocks, four of four vectors and
+# eight of four vectors.
+GRADS = [(jnp.float32, (4, 7)), (jnp.float32, (2, 4097)), (jnp.float32, (3, 32768)),
+         (jnp.float32, (2, 131072)), (jnp.bfloat16, (3, 4096)), (jnp.bfloat16, (5, 2000)),
+         (jnp.bfloat16, (3, 32768)), (jnp.bfloat16, (2, 131072)), (jnp.float16, (4, 1000))]
 
 
 @pytest.mark.parametrize("dtype,shape", GRADS, ids=[f"{d.__name__}-{s[-1]}" for d, s in GRADS])

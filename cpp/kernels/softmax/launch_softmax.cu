@@ -318,7 +318,8 @@ cudaError_t fwd_typed(const SoftmaxFwdParams& p, cudaStream_t stream) {
   if (whole_vectors && launch_fwd_warp<T>(p, stream)) return cudaGetLastError();
   constexpr bool kF32 = sizeof(T) == sizeof(float);
   const Config cfg =
-      whole_vectors && all_aligned({p.mask}) ? pick_config(p.cols / Vec<T>::kN, false, kF32, p.mask) : Config{};
+      whole_vectors && all_aligned({p.mask}) ? pick_config(p.cols / Vec<T>::kN, false, kF32, p.mask != nullptr)
+                                             : Config{};
   cudaError_t err = cudaSuccess;
   bool ran = false;
   switch (config_key(cfg.group, cfg.vecs, cfg.split)) {
@@ -338,7 +339,7 @@ cudaError_t fwd_typed(const SoftmaxFwdParams& p, cudaStream_t stream) {
       if constexpr (kF32) ran = launch_fwd_rows<T, 1024, 8, 4>(p, stream, &err);
       break;
     case config_key(512, 8, 2):  // float32, unmasked only (pick_config)
-      if constexpr (kF32) ran = p.mask == nullptr && launch_fwd_rows_masked<T, 512, 8, 2, false>(p, stream, &err);
+      if constexpr (kF32) ran = !p.mask && launch_fwd_rows_masked<T, 512, 8, 2, false>(p, stream, &err);
       break;
     default: break;
   }

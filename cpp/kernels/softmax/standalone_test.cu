@@ -281,7 +281,7 @@ int main(int argc, char** argv) {
       time_case(dt, 16384, 8192, copy);
       time_case(dt, 16384, 32768, copy);
       time_case(dt, 4096, 131072, copy);
-      time_case(dt, 4096, 131072, copy, /*masked=*/true);  // eight 512-thread CTAs per row
+      time_case(dt, 4096, 131072, copy, /*masked=*/true);  // bf16: eight 512-thread CTAs per row
     }
     time_case(DType::kBF16, 2048, 262144, copy);  // 512 KiB rows: the four-vector backward
   }
