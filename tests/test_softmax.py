@@ -130,10 +130,9 @@ def test_axes(platform, axis):
                              rtol=1e-5, atol=1e-6)
 
 
-# On sm_90, the backward's clusters: float32 (2, 131072) of 1024-thread
-# four-vector blocks; bfloat16 (3, 32768), float32 (3, 32768) and bfloat16
-# (2, 131072) of four 512-thread two-vector blocks, four of four vectors and
-# eight of four vectors.
+# On sm_90, the backward's clusters of 512-thread blocks: bfloat16 (3, 32768)
+# on four of two vectors, float32 (3, 32768) on four of four, bfloat16
+# (2, 131072) on eight of four and float32 (2, 131072) on sixteen of four.
 GRADS = [(jnp.float32, (4, 7)), (jnp.float32, (2, 4097)), (jnp.float32, (3, 32768)),
          (jnp.float32, (2, 131072)), (jnp.bfloat16, (3, 4096)), (jnp.bfloat16, (5, 2000)),
          (jnp.bfloat16, (3, 32768)), (jnp.bfloat16, (2, 131072)), (jnp.float16, (4, 1000))]
