@@ -5,6 +5,7 @@
 #            (REV's cpp/ tree into .ab_old/, git-ignored: pass
 #            carry=[".ab_old"] to the device run)
 #   device:  bash bench/attention_ab.sh run [HEAD_DIMS]   (default "64 128 256")
+#            (AB_FWD_ONLY=1: the forward alone; the backward columns read 0)
 # Builds both sides per head dim in parallel, runs old, new, new, old (so
 # that drift shows), writes $OUT/attention_ab.txt and prints, per row, the
 # best old time, new / old, and whether the outputs' hashes agree.
@@ -51,7 +52,8 @@ print(f"{'row':24s} {'fwd old us':>10s} {'new/old':>7s} {'bwd old us':>10s} {'ne
 for row in dict.fromkeys(r for r, _ in best):
   old, new = best[row, "old"], best[row, "new"]
   same = "same" if len(hashes[row, "fwd"]) == len(hashes[row, "bwd"]) == 1 else "DIFFER"
-  print(f"{row:24s} {old[0]:10.1f} {new[0] / old[0]:7.3f} {old[1]:10.1f} {new[1] / old[1]:7.3f}  {same}")
+  ratio = lambda i: new[i] / old[i] if old[i] > 0 else float("nan")
+  print(f"{row:24s} {old[0]:10.1f} {ratio(0):7.3f} {old[1]:10.1f} {ratio(1):7.3f}  {same}")
 PY
     ;;
   *)

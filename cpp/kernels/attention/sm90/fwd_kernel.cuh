@@ -188,6 +188,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #ifdef JAXCRAFT_SM90A_ENABLED
   constexpr int kD = Cfg::kHeadDim, kBM = Cfg::kBlockM, kBN = Cfg::kBlockN;
   constexpr int kStages = Cfg::kStages, kCB = Cfg::kColBlocks;
+  // The L2 priority of the Q loads and O stores. Each is touched once per
+  // work item, while the item's K/V tiles are read again by its other query
+  // tiles and by the CTAs on the same head's other items. Evict-first Q and
+  // O leave L2 to K/V: 1-2% on the H100 at head dims 128 and 256 up to S1024
+  // (bench/NOTES.md, thirtieth session); head dim 64 ran 0.5-0.8% slower.
+  const auto q_o_policy = [] { return kD > 64 ? l2_evict_first() : l2_evict_normal(); };
   const FwdArgs& a = p.a;
   const ShapeArgs& sh = a.shape;
 
@@ -296,7 +302,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
     for (int cb = 0; cb < kCB; ++cb)
       tma_load_4d(q_tile(n) + cb * col_block_bytes<kBM>(), &p.q_map, q_full(n), cb * kSwizzleCols,
-                  wk.head, wk.m0, wk.b);
+                  wk.head, wk.m0, wk.b, q_o_policy());
   };
 
   // Producer thread: key tile nt's K (its barrier also expecting `extra`
@@ -854,7 +860,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
         for (int cb = 0; cb < kCB; ++cb)
           tma_store_4d(&p.o_map, o_tile + cb * col_block_bytes<kBM>() + wg_row0 * kSwizzleRowBytes,
-                       cb * kSwizzleCols, head, m0 + wg_row0, b);
+                       cb * kSwizzleCols, head, m0 + wg_row0, b, q_o_policy());
         tma_store_commit();
         if (!late_release) tma_store_wait_read();
       }
