@@ -35,11 +35,12 @@ def _reference64(x, axis=-1, where=None, dy=None):
 
 # (dtype, shape): float32 and bfloat16 over rows of 1, primes, whole 16-byte
 # vectors, 3000 and 6000 (CUDA: the warp-per-row forward with partly filled
-# lanes, 16 and 32 vectors per lane), 4097, a ~50K vocabulary and a 128K one
-# (sm_90: a row over a cluster of eight CTAs), float32 32K (sm_90: two
-# 512-thread CTAs of eight vectors); float16 over fewer.
+# lanes, 16 and 32 vectors per lane), 4097, a ~50K vocabulary, a 128K one
+# (sm_90: a row over a cluster of eight CTAs) and a 256K one (sixteen
+# 512-thread CTAs), float32 32K (sm_90: two 512-thread CTAs of eight
+# vectors); float16 over fewer.
 SHAPES = ([(jnp.bfloat16, s) for s in [(7, 1), (3, 5, 13), (4, 256), (5, 3000), (2, 4097), (3, 6000),
-                                        (2, 50257), (2, 131072)]]
+                                        (2, 50257), (2, 131072), (2, 262144)]]
           + [(jnp.float32, s) for s in [(5, 7), (6, 1000), (3, 4096), (3, 32768), (2, 50257)]]
           + [(jnp.float16, s) for s in [(3, 97), (2, 4096)]])
 IDS = [f"{d.__name__}-{'x'.join(map(str, s))}" for d, s in SHAPES]

@@ -235,7 +235,7 @@ int main(int argc, char** argv) {
   // body between scalar head and tail); every rows-kernel group (32 .. 1024
   // threads per row, bf16: 8 columns per vector); past the register limit
   // (stream kernel, 256 and 1024 threads per row); a ~50K vocabulary and a
-  // 128K one (the rows kernels split over clusters of 2-8 blocks on sm_90);
+  // 128K one (the rows kernels split over clusters of 2-16 blocks on sm_90);
   // more rows than one grid covers (grid-stride), and more rows than the
   // resident blocks (clusters) of the rows kernels hold (each walks several
   // rows through its ring, masked at 2048 and 65536 columns); a width the
@@ -245,13 +245,14 @@ int main(int argc, char** argv) {
   // same four-vector clusters; f32: past them, streamed); 6000 columns (the
   // 16-bit warp-per-row forward at 32 vectors per lane, partly filled);
   // 100000 columns (f32 forward: clusters of four eight-vector blocks,
-  // partly filled).
+  // partly filled); 262144 columns (16 bits: sixteen 512-thread CTAs per row
+  // forward and backward; f32: streamed).
   const int64_t kShapes[][2] = {{1, 1},     {3, 7},       {5, 8},       {2, 257},    {67, 96},
                                 {9, 1000},  {4, 2048},    {3, 4096},    {3, 4097},   {2, 8192},
                                 {2, 16384}, {2, 32768},   {2, 50257},   {2, 131072}, {70000, 16},
                                 {5000, 2048}, {3000, 4096}, {400, 16384}, {400, 32768},
                                 {300, 65536}, {7, 3000},    {40, 131072}, {3, 131080}, {5, 6000},
-                                {7, 100000}};
+                                {7, 100000}, {3, 262144}};
   const DType kTypes[] = {DType::kBF16, DType::kF32, DType::kF16};
   std::vector<Case> cases;
   for (DType dt : kTypes)
