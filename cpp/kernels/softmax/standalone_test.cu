@@ -245,8 +245,8 @@ int main(int argc, char** argv) {
   // same four-vector clusters; f32: past them, streamed); 6000 columns (the
   // 16-bit warp-per-row forward at 32 vectors per lane, partly filled);
   // 100000 columns (f32 forward: clusters of four eight-vector blocks,
-  // partly filled); 262144 columns (16 bits: sixteen 512-thread CTAs per row
-  // forward and backward; f32: streamed).
+  // partly filled); 262144 columns (16 bits: sixteen 512-thread CTAs per
+  // row, the masked forward eight 1024-thread ones; f32: streamed).
   const int64_t kShapes[][2] = {{1, 1},     {3, 7},       {5, 8},       {2, 257},    {67, 96},
                                 {9, 1000},  {4, 2048},    {3, 4096},    {3, 4097},   {2, 8192},
                                 {2, 16384}, {2, 32768},   {2, 50257},   {2, 131072}, {70000, 16},
