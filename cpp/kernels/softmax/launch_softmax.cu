@@ -48,8 +48,9 @@ int split_for(int64_t needed) { return needed <= 2 ? 2 : (needed <= 4 ? 4 : 8); 
 // bf16 / 16K f32 columns; the backward half that), then a cluster of up to 8
 // such blocks per row (256K bf16 / 128K f32 columns forward; sm_90+, else
 // launch_rows declines; float32 rows of 64K-128K columns take clusters of
-// four blocks of eight vectors forward; backward rows of 2K-32K vectors
-// take 512-thread blocks, below, up to 16 per cluster).
+// four blocks of eight vectors forward, unmasked 16-bit rows of 16K-32K
+// vectors sixteen 512-thread blocks; backward rows of 2K-32K vectors take
+// 512-thread blocks, below, up to 16 per cluster).
 // Wider rows stream from global memory twice.
 // (Unmasked forwards of up to 8192 16-bit / 4096 f32 columns and 16-bit
 // backwards of 1032..4096 columns take the warp kernels instead:
