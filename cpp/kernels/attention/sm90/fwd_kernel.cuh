@@ -74,6 +74,9 @@ struct FwdConfig {
   static constexpr int kQBufs = kQBufs_;
   static constexpr int kCausalPersistRows = kCausalPersistRows_;
   static constexpr int kHeadDim = kHeadDim_;
+  // A causal pair's item with fewer keys runs first (see next_item in the
+  // kernel); at head dims 64 and 128 the longer item keeps going first.
+  static constexpr bool kShortFirst = kHeadDim >= 256;
   static constexpr int kConsumers = kConsumers_;
   static constexpr int kBlockM = kConsumers * kWgmmaM;
   static constexpr int kBlockN = kBlockN_;
@@ -255,12 +258,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // and in a paired unit its two items one after the other: under a causal
   // mask a pair holds m_blocks + 1 tiles' worth of keys whichever it is, so
   // the fixed stride of a persistent grid gives every SM the same work.
+  // kShortFirst: the pair's lower query tile first. Both items read the
+  // head's key tiles from the first on, and the head's pairs run at once on
+  // neighbouring CTAs; long item first, the short item's re-reads of the
+  // first tiles came 6 key steps (at S512) after the pairs had read them,
+  // and L2 had dropped them: head dim 256, S512 causal read 246 MB on the
+  // H100 where 201 MB is the minimum. Short first, every re-read comes 2
+  // steps after the last read of that tile (bench/NOTES.md, 31st session).
+  const bool short_first = Cfg::kShortFirst && p.paired;
   struct Cursor {
     int unit, second;
   };
   auto item_at = [&](Cursor cur) {
     TileItem item = tile_item_at(cur.unit, p.order);
-    if (cur.second) item.rank = p.m_blocks - 1 - item.rank;
+    if (cur.second != short_first) item.rank = p.m_blocks - 1 - item.rank;
     return item;
   };
   struct Work {
@@ -269,7 +280,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   };
   // The cursor after `cur`, whose work is `wk` (its rank decoded once).
   auto next_item = [&](Cursor cur, const Work& wk) {
-    if (p.paired && !cur.second && 2 * wk.rank + 1 < p.m_blocks) return Cursor{cur.unit, 1};
+    const int unit_rank = short_first ? p.m_blocks - 1 - wk.rank : wk.rank;
+    if (p.paired && !cur.second && 2 * unit_rank + 1 < p.m_blocks) return Cursor{cur.unit, 1};
     return Cursor{cur.unit + int(gridDim.x), 0};
   };
   // Both roles derive the key tiles [t_begin, t_end) an item visits, so
