@@ -74,8 +74,10 @@ struct FwdConfig {
   static constexpr int kQBufs = kQBufs_;
   static constexpr int kCausalPersistRows = kCausalPersistRows_;
   static constexpr int kHeadDim = kHeadDim_;
-  // A causal pair's item with fewer keys runs first (see next_item in the
-  // kernel); at head dims 64 and 128 the longer item keeps going first.
+  // A causal pair's item with fewer keys runs first (see short_first in the
+  // kernel). Head dim 128 read only the minimum either way, and short first
+  // was 3% slower there at S512 causal; head dim 64 ran 2% slower on every
+  // row with it (H200, bench/NOTES.md).
   static constexpr bool kShortFirst = kHeadDim >= 256;
   static constexpr int kConsumers = kConsumers_;
   static constexpr int kBlockM = kConsumers * kWgmmaM;
@@ -264,7 +266,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // first tiles came 6 key steps (at S512) after the pairs had read them,
   // and L2 had dropped them: head dim 256, S512 causal read 246 MB on the
   // H100 where 201 MB is the minimum. Short first, every re-read comes 2
-  // steps after the last read of that tile (bench/NOTES.md, 31st session).
+  // steps after the last read of that tile (bench/NOTES.md, thirty-first
+  // session): 116 -> 106 us there.
   const bool short_first = Cfg::kShortFirst && p.paired;
   struct Cursor {
     int unit, second;
