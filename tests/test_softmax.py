@@ -35,13 +35,14 @@ def _reference64(x, axis=-1, where=None, dy=None):
 
 # (dtype, shape): float32 and bfloat16 over rows of 1, primes, whole 16-byte
 # vectors, 3000 and 6000 (CUDA: the warp-per-row forward with partly filled
-# lanes, 16 and 32 vectors per lane), 4097, a ~50K vocabulary, a 128K one
+# lanes, 16 and 32 vectors per lane), 10000 (bfloat16 on two warps, float32
+# on four, partly filled), 4097, a ~50K vocabulary, a 128K one
 # (sm_90: a row over a cluster of eight CTAs) and a 256K one (sixteen
 # 512-thread CTAs), float32 32K (sm_90: two 512-thread CTAs of eight
 # vectors); float16 over fewer.
 SHAPES = ([(jnp.bfloat16, s) for s in [(7, 1), (3, 5, 13), (4, 256), (5, 3000), (2, 4097), (3, 6000),
-                                        (2, 50257), (2, 131072), (2, 262144)]]
-          + [(jnp.float32, s) for s in [(5, 7), (6, 1000), (3, 4096), (3, 32768), (2, 50257)]]
+                                        (3, 10000), (2, 50257), (2, 131072), (2, 262144)]]
+          + [(jnp.float32, s) for s in [(5, 7), (6, 1000), (3, 4096), (2, 10000), (3, 32768), (2, 50257)]]
           + [(jnp.float16, s) for s in [(3, 97), (2, 4096)]])
 IDS = [f"{d.__name__}-{'x'.join(map(str, s))}" for d, s in SHAPES]
 
@@ -96,19 +97,20 @@ def test_non_finite_entries_match_jax(platform):
                                jax.nn.softmax(x, where=w), rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("cols", [8192, 131072])
+@pytest.mark.parametrize("cols", [8192, 16384, 131072])
 def test_non_finite_wide_rows_match_jax(platform, cols):
-  """Rows wider than a warp (CUDA: one block, or a cluster at 128K): warps
-  whose values are all -inf or masked out inside a finite row, an all -inf
-  row, a row that keeps only -inf entries, one that keeps nothing, +inf and
-  NaN entries."""
+  """Rows wider than a warp (CUDA: two or four warps unmasked, one block
+  masked, or a cluster at 128K): warps whose values are all -inf or masked
+  out inside a finite row, an all -inf row, a row that keeps only -inf
+  entries, one that keeps nothing, +inf and NaN entries."""
   inf, nan = np.inf, np.nan
-  x = np.array(random(jax.random.key(12), (7, cols), F32, scale=SCALE))
+  x = np.array(random(jax.random.key(12), (8, cols), F32, scale=SCALE))
   x[0, : cols // 2] = -inf
   x[1] = -inf
   x[2, : cols // 2] = -inf
   x[4, cols // 3] = inf
   x[5, cols // 5] = nan
+  x[7, np.arange(cols) // 128 % 2 == 0] = -inf  # every other warp of a multi-warp row (32 vectors each)
   where = np.ones(x.shape, bool)
   where[2, cols // 2:] = False  # keeps only -inf entries
   where[3] = False

@@ -52,7 +52,7 @@ int split_for(int64_t needed) { return needed <= 2 ? 2 : (needed <= 4 ? 4 : 8); 
 // vectors sixteen 512-thread blocks; backward rows of 2K-32K vectors take
 // 512-thread blocks, below, up to 16 per cluster).
 // Wider rows stream from global memory twice.
-// (Unmasked forwards of up to 8192 16-bit / 4096 f32 columns and 16-bit
+// (Unmasked forwards of up to 32K 16-bit / 16K f32 columns and 16-bit
 // backwards of 1032..4096 columns take the warp kernels instead:
 // launch_fwd_warp, launch_bwd_warp.)
 Config pick_config(int64_t vectors, bool backward, bool f32, bool masked = false) {
@@ -293,45 +293,48 @@ bool launch_fwd_rows(const SoftmaxFwdParams& p, cudaStream_t stream, cudaError_t
         bwd_stage_bytes<T>(block_threads<G>(), V), p, stream, &err);                  \
     break;
 
-// Warp-per-row kernels: blocks of kBlock threads, one row per warp.
-template <int kBlock>
+// Warp-per-row kernels: blocks of kBlock threads, kWarps warps per row.
+template <int kBlock, int kWarps = 1>
 unsigned warp_row_grid(int64_t rows) {
-  return static_cast<unsigned>(ceil_div(rows, kBlock / softmax::kWarp));
+  return static_cast<unsigned>(ceil_div(rows, kBlock / (kWarps * softmax::kWarp)));
 }
 
-// Unmasked rows of up to 8192 16-bit / 4096 float32 columns take the
+// Unmasked rows of up to 32K 16-bit / 16K float32 columns take the
 // warp-per-row kernel (softmax_warp_kernel.cuh): 16-bit rows of 129..1024
 // vectors (1032..8192 columns, 8, 16 or 32 vectors per lane) and float32
 // rows of 513..1024 vectors (2052..4096 columns, 32 per lane: at 2048
-// columns, 16 per lane spilled and tied the rows kernel). Against the rows
-// kernels in the same process: H200 bf16 [16k, 4096] 80.6 -> 72.1 us, f16
-// 85.5 -> 75.5, bf16 [16k, 2048] 42.3 -> 39.3; H100 f32 [16k, 4096] 224.0
-// -> 214.1, bf16 [16k, 8192] 199.5-201.7 -> 187.5 (89% -> 95% of copy).
-// False, launching nothing, for any other row.
-template <typename T, int kVecs>
+// columns, 16 per lane spilled and tied the rows kernel) on one warp, rows
+// of up to 2048 and 4096 vectors on two and four warps of 32 vectors per
+// lane. Against the rows kernels in the same process: H200 bf16 [16k, 4096]
+// 80.6 -> 72.1 us, f16 85.5 -> 75.5, bf16 [16k, 2048] 42.3 -> 39.3; H100 f32
+// [16k, 4096] 224.0 -> 214.1, bf16 [16k, 8192] 199.5-201.7 -> 187.5 (89% ->
+// 95% of copy). False, launching nothing, for any other row.
+template <typename T, int kVecs, int kWarps = 1>
 void launch_fwd_warp_vecs(const SoftmaxFwdParams& p, cudaStream_t stream) {
   constexpr int kBlock = softmax::kFwdWarpBlock<kVecs>;
-  softmax::softmax_fwd_warp_kernel<T, kVecs><<<warp_row_grid<kBlock>(p.rows), kBlock, 0, stream>>>(p);
+  softmax::softmax_fwd_warp_kernel<T, kVecs, kWarps><<<warp_row_grid<kBlock, kWarps>(p.rows), kBlock, 0, stream>>>(p);
 }
 
 template <typename T>
 bool launch_fwd_warp(const SoftmaxFwdParams& p, cudaStream_t stream) {
   constexpr bool kF32 = sizeof(T) == sizeof(float);
   constexpr int kMaxVecs = 32;  // per lane: 128 registers of row
-  constexpr int64_t kMaxVectors = softmax::kWarp * kMaxVecs, kMinVectors = kMaxVectors / (kF32 ? 2 : 8) + 1;
+  constexpr int64_t kWarpVectors = softmax::kWarp * kMaxVecs, kMinVectors = kWarpVectors / (kF32 ? 2 : 8) + 1;
   const int64_t vectors = p.cols / Vec<T>::kN;
-  if (p.mask || vectors < kMinVectors || vectors > kMaxVectors) return false;
+  if (p.mask || vectors < kMinVectors || vectors > 4 * kWarpVectors) return false;
   if constexpr (!kF32) {
-    if (vectors <= kMaxVectors / 4) {
+    if (vectors <= kWarpVectors / 4) {
       launch_fwd_warp_vecs<T, kMaxVecs / 4>(p, stream);
       return true;
     }
-    if (vectors <= kMaxVectors / 2) {
+    if (vectors <= kWarpVectors / 2) {
       launch_fwd_warp_vecs<T, kMaxVecs / 2>(p, stream);
       return true;
     }
   }
-  launch_fwd_warp_vecs<T, kMaxVecs>(p, stream);
+  if (vectors <= kWarpVectors) launch_fwd_warp_vecs<T, kMaxVecs>(p, stream);
+  else if (vectors <= 2 * kWarpVectors) launch_fwd_warp_vecs<T, kMaxVecs, 2>(p, stream);
+  else launch_fwd_warp_vecs<T, kMaxVecs, 4>(p, stream);
   return true;
 }
 

@@ -1,13 +1,15 @@
-// Softmax with one warp per row and the row held in registers as stored.
-// Forward: unmasked rows of up to 32 x kVecs 16-byte vectors (kVecs <= 32:
-// 128 registers of row per lane, 8192 16-bit or 4096 float32 columns). No
-// shared memory and no barrier: a warp loads its whole row at once, reduces
-// the max and then the sum by shuffles and writes y, while the SM's other
-// warps keep their loads in flight. The rows kernels at these widths give a row to a block
-// of 64-256 threads, with a block barrier per reduction and the rows staged
-// through shared memory (bench/NOTES.md). Each exponential is computed
-// twice, for the sum and for y: holding exp(x - max) in float32 would take
-// twice the registers of a 16-bit row.
+// Softmax with one warp (forward: one to four warps) per row and the row
+// held in registers as stored. Forward: unmasked rows of up to 32 x kVecs
+// 16-byte vectors per warp (kVecs <= 32: 128 registers of row per lane, 8192
+// 16-bit or 4096 float32 columns per warp). No shared memory and no barrier
+// for a one-warp row: a warp loads its whole row at once, reduces the max
+// and then the sum by shuffles and writes y, while the SM's other warps keep
+// their loads in flight. A row over two or four warps adds one named barrier
+// over those warps only, for their (max, sum) pairs. The rows kernels at
+// these widths give a row to a block of 64-512 threads, with a block barrier
+// per reduction and the rows staged through shared memory (bench/NOTES.md).
+// Each exponential is computed twice, for the sum and for y: holding
+// exp(x - max) in float32 would take twice the registers of a 16-bit row.
 #pragma once
 #include <math_constants.h>
 
@@ -16,21 +18,22 @@
 namespace jaxcraft {
 namespace softmax {
 
-// The row warp w of a kBlock-thread block takes (row blockIdx.x kBlock / 32
-// + w), and its lane's vectors: lane l holds vectors l, l + 32, ..., so each
-// load instruction of the warp reads 512 consecutive bytes.
-template <typename T, int kBlock>
+// Rows of kLanes threads (one to four warps) in a kBlock-thread block: the
+// group g of the block takes row blockIdx.x kBlock / kLanes + g, and its
+// lane l (0..kLanes-1) vectors l, l + kLanes, ..., so each load instruction
+// of a warp reads 512 consecutive bytes.
+template <typename T, int kBlock, int kLanes = kWarp>
 struct WarpRow {
   static constexpr int kN = Vec<T>::kN;
-  static constexpr int kStride = kWarp * kN;  // elements from one of a lane's vectors to the next
+  static constexpr int kStride = kLanes * kN;  // elements from one of a lane's vectors to the next
   int64_t row;
   int lane, vectors;
   __device__ WarpRow(int64_t cols)
-      : row(int64_t(blockIdx.x) * (kBlock / kWarp) + threadIdx.x / kWarp),
-        lane(threadIdx.x % kWarp),
+      : row(int64_t(blockIdx.x) * (kBlock / kLanes) + threadIdx.x / kLanes),
+        lane(threadIdx.x % kLanes),
         vectors(static_cast<int>(cols / kN)) {}
   __device__ int64_t first(int64_t cols) const { return row * cols + lane * kN; }  // vector 0's element
-  __device__ bool owns(int i) const { return lane + kWarp * i < vectors; }
+  __device__ bool owns(int i) const { return lane + kLanes * i < vectors; }
   // f(i) for every vector i this lane holds.
   template <int kVecs, class F>
   __device__ __forceinline__ void for_owned(F f) const {
@@ -49,18 +52,47 @@ __device__ __forceinline__ void for_pairs(F f) {
 
 // Forward blocks, three per SM under the register cap: 8 warps each (85
 // registers) while the row takes up to 64 registers per lane, 4 warps each
-// (170) for rows of 128 registers per lane (a float32 row of 4096 columns,
-// a 16-bit one of 8192): 12 warps per SM where one 256-thread block of ~163
-// registers gave 8 (H100, bf16 [16k, 8192] 190.6 -> 187.5 us, f32 [16k,
-// 4096] within 1%).
+// (170) for rows of 128 registers per lane (a float32 row of 4096 columns
+// per warp, a 16-bit one of 8192): 12 warps per SM where one 256-thread
+// block of ~163 registers gave 8 (H100, bf16 [16k, 8192] 190.6 -> 187.5 us,
+// f32 [16k, 4096] within 1%).
 template <int kVecs>
 constexpr int kFwdWarpBlock = kVecs <= 16 ? kNarrowBlock : 128;
 
-template <typename T, int kVecs>
+// The row's (max, sum) over its kWarps warps, in every lane. Each warp has
+// exponentiated against its own max m (sum s); the pairs meet in `slots`
+// (one per warp of the block) after one barrier over the row's warps
+// (named barrier 1 + the row's group in the block), and every warp merges
+// them in the same order (the same bits): M = max m_w, S = sum s_w exp(m_w
+// - M). A warp whose values are all -inf contributes nothing (its s, an
+// exp of -inf + inf, is dropped); an all -inf row then has M = -inf and S =
+// 0 exp(NaN) = NaN, which makes the row NaN, as jax.
+template <int kWarps>
+__device__ __forceinline__ float2 merge_row_pairs(float m, float s, float2* slots) {
+  if constexpr (kWarps == 1) {
+    return make_float2(m, s);
+  } else {
+    const int warp = threadIdx.x / kWarp, first = warp - warp % kWarps;
+    if (threadIdx.x % kWarp == 0) slots[warp] = make_float2(m, m == -CUDART_INF_F ? 0.f : s);
+    asm volatile("bar.sync %0, %1;" ::"r"(1 + warp / kWarps), "r"(kWarps * kWarp) : "memory");
+    float big = slots[first].x;
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) big = fmaxf(big, slots[first + w].x);
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) sum += slots[first + w].y * expf(slots[first + w].x - big);
+    return make_float2(big, sum);
+  }
+}
+
+template <typename T, int kVecs, int kWarps>
 __global__ void __launch_bounds__(kFwdWarpBlock<kVecs>, 3)
     softmax_fwd_warp_kernel(const SoftmaxFwdParams p) {
-  const WarpRow<T, kFwdWarpBlock<kVecs>> w(p.cols);
-  if (w.row >= p.rows) return;  // the whole warp
+  constexpr int kBlock = kFwdWarpBlock<kVecs>;
+  static_assert(kBlock % (kWarps * kWarp) == 0, "a block holds whole rows");
+  __shared__ float2 slots[kBlock / kWarp];
+  const WarpRow<T, kBlock, kWarps * kWarp> w(p.cols);
+  if (w.row >= p.rows) return;  // the row's whole group
   const T* x = static_cast<const T*>(p.x) + w.first(p.cols);
   T* y = static_cast<T*>(p.y) + w.first(p.cols);
   Vec<T> v[kVecs];
@@ -75,7 +107,7 @@ __global__ void __launch_bounds__(kFwdWarpBlock<kVecs>, 3)
     });
   });
   m = warp_allreduce<kWarp>(m, Max{});
-  const float m_log2e = m * kLog2e;
+  float m_log2e = m * kLog2e;
   float s = 0.f;
   w.template for_owned<kVecs>([&](int i) {
     for_pairs<T>([&](int k) {
@@ -84,7 +116,10 @@ __global__ void __launch_bounds__(kFwdWarpBlock<kVecs>, 3)
       s += exp_shifted<T>(e.y, m, m_log2e);
     });
   });
-  const float inv = 1.f / warp_allreduce<kWarp>(s, Sum{});
+  const float2 row = merge_row_pairs<kWarps>(m, warp_allreduce<kWarp>(s, Sum{}), slots);
+  m = row.x;
+  m_log2e = m * kLog2e;
+  const float inv = 1.f / row.y;
   w.template for_owned<kVecs>([&](int i) {
     Vec<T> out;
     for_pairs<T>([&](int k) {

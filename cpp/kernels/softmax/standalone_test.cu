@@ -246,13 +246,15 @@ int main(int argc, char** argv) {
   // 16-bit warp-per-row forward at 32 vectors per lane, partly filled);
   // 100000 columns (f32 forward: clusters of four eight-vector blocks,
   // partly filled); 262144 columns (16 bits: sixteen 512-thread CTAs per
-  // row, the masked forward eight 1024-thread ones; f32: streamed).
+  // row, the masked forward eight 1024-thread ones; f32: streamed); 10000
+  // and 20000 columns (the unmasked forward on two and four warps per row,
+  // partly filled).
   const int64_t kShapes[][2] = {{1, 1},     {3, 7},       {5, 8},       {2, 257},    {67, 96},
                                 {9, 1000},  {4, 2048},    {3, 4096},    {3, 4097},   {2, 8192},
                                 {2, 16384}, {2, 32768},   {2, 50257},   {2, 131072}, {70000, 16},
                                 {5000, 2048}, {3000, 4096}, {400, 16384}, {400, 32768},
                                 {300, 65536}, {7, 3000},    {40, 131072}, {3, 131080}, {5, 6000},
-                                {7, 100000}, {3, 262144}};
+                                {7, 100000}, {3, 262144}, {5, 10000}, {3, 20000}};
   const DType kTypes[] = {DType::kBF16, DType::kF32, DType::kF16};
   std::vector<Case> cases;
   for (DType dt : kTypes)
@@ -280,6 +282,7 @@ int main(int argc, char** argv) {
     for (DType dt : {DType::kBF16, DType::kF32}) {
       time_case(dt, 16384, 4096, copy);
       time_case(dt, 16384, 8192, copy);
+      time_case(dt, 16384, 16384, copy);
       time_case(dt, 16384, 32768, copy);
       time_case(dt, 4096, 131072, copy);
       time_case(dt, 4096, 131072, copy, /*masked=*/true);  // bf16: eight 512-thread CTAs per row
