@@ -35,8 +35,8 @@ def _reference64(x, axis=-1, where=None, dy=None):
 
 # (dtype, shape): float32 and bfloat16 over rows of 1, primes, whole 16-byte
 # vectors, 3000 and 6000 (CUDA: the warp-per-row forward with partly filled
-# lanes, 16 and 32 vectors per lane), 10000 (bfloat16 on two warps, float32
-# on four, partly filled), 4097, a ~50K vocabulary, a 128K one
+# lanes, one and two warps of 16 vectors per lane), 10000 (four warps per
+# row, partly filled), 4097, a ~50K vocabulary, a 128K one
 # (sm_90: a row over a cluster of eight CTAs) and a 256K one (sixteen
 # 512-thread CTAs), float32 32K (sm_90: two 512-thread CTAs of eight
 # vectors); float16 over fewer.
@@ -99,7 +99,7 @@ def test_non_finite_entries_match_jax(platform):
 
 @pytest.mark.parametrize("cols", [8192, 16384, 131072])
 def test_non_finite_wide_rows_match_jax(platform, cols):
-  """Rows wider than a warp (CUDA: two or four warps unmasked, one block
+  """Rows wider than a warp (CUDA: two to eight warps unmasked, one block
   masked, or a cluster at 128K): warps whose values are all -inf or masked
   out inside a finite row, an all -inf row, a row that keeps only -inf
   entries, one that keeps nothing, +inf and NaN entries."""

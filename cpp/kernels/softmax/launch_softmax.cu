@@ -300,16 +300,22 @@ unsigned warp_row_grid(int64_t rows) {
 }
 
 // Unmasked rows of up to 32K 16-bit / 16K float32 columns take the
-// warp-per-row kernel (softmax_warp_kernel.cuh): 16-bit rows of 129..1024
-// vectors (1032..8192 columns, 8, 16 or 32 vectors per lane) and float32
-// rows of 513..1024 vectors (2052..4096 columns, 32 per lane: at 2048
-// columns, 16 per lane spilled and tied the rows kernel) on one warp, rows
-// of up to 2048 and 4096 vectors on two and four warps of 32 vectors per
-// lane. Against the rows kernels in the same process: H200 bf16 [16k, 4096]
-// 80.6 -> 72.1 us, f16 85.5 -> 75.5, bf16 [16k, 2048] 42.3 -> 39.3; H100 f32
-// [16k, 4096] 224.0 -> 214.1, bf16 [16k, 8192] 199.5-201.7 -> 187.5 (89% ->
-// 95% of copy). False, launching nothing, for any other row.
-template <typename T, int kVecs, int kWarps = 1>
+// warp-per-row kernel (softmax_warp_kernel.cuh): 16-bit rows of 129..4096
+// vectors (1032..32768 columns) on one warp of 8 or 16 vectors per lane up
+// to 512 vectors, then two, four or eight warps of 16; float32 rows of
+// 513..4096 vectors (2052..16384 columns) on one, two or four warps of 32
+// vectors per lane (at 2048 columns, 16 per lane spilled and tied the rows
+// kernel). Against the rows kernels in the same process: H200 bf16 [16k,
+// 4096] 80.6 -> 72.1 us, f16 85.5 -> 75.5, bf16 [16k, 2048] 42.3 -> 39.3;
+// H100 f32 [16k, 4096] 224.0 -> 214.1, bf16 [16k, 8192] 199.5-201.7 ->
+// 187.5 (89% -> 95% of copy). The rows of several warps (thirty-second
+// session, H200, against the 512- and 1024-thread rows kernels): f32 [16k,
+// 8192] 290-293 -> 263 us (86% -> 95.5% of copy), bf16 [16k, 16384] 297-299
+// -> 263, f32 [16k, 16384] 551-555 -> 522, bf16 [16k, 32768] 553-555 ->
+// 522.5; bf16 [16k, 8192] on two warps of 16 vectors 136.8 -> 132.9, where
+// float32 rows lost 3-5% on 16 vectors per lane (more warps of them).
+// False, launching nothing, for any other row.
+template <typename T, int kVecs, int kWarps>
 void launch_fwd_warp_vecs(const SoftmaxFwdParams& p, cudaStream_t stream) {
   constexpr int kBlock = softmax::kFwdWarpBlock<kVecs>;
   softmax::softmax_fwd_warp_kernel<T, kVecs, kWarps><<<warp_row_grid<kBlock, kWarps>(p.rows), kBlock, 0, stream>>>(p);
@@ -318,23 +324,20 @@ void launch_fwd_warp_vecs(const SoftmaxFwdParams& p, cudaStream_t stream) {
 template <typename T>
 bool launch_fwd_warp(const SoftmaxFwdParams& p, cudaStream_t stream) {
   constexpr bool kF32 = sizeof(T) == sizeof(float);
-  constexpr int kMaxVecs = 32;  // per lane: 128 registers of row
-  constexpr int64_t kWarpVectors = softmax::kWarp * kMaxVecs, kMinVectors = kWarpVectors / (kF32 ? 2 : 8) + 1;
+  constexpr int kVecs = kF32 ? 32 : 16;  // per lane: 128 or 64 registers of row
+  constexpr int64_t kWarpVectors = softmax::kWarp * kVecs, kMaxVectors = 4096, kMinVectors = kF32 ? 513 : 129;
   const int64_t vectors = p.cols / Vec<T>::kN;
-  if (p.mask || vectors < kMinVectors || vectors > 4 * kWarpVectors) return false;
+  if (p.mask || vectors < kMinVectors || vectors > kMaxVectors) return false;
   if constexpr (!kF32) {
-    if (vectors <= kWarpVectors / 4) {
-      launch_fwd_warp_vecs<T, kMaxVecs / 4>(p, stream);
-      return true;
-    }
     if (vectors <= kWarpVectors / 2) {
-      launch_fwd_warp_vecs<T, kMaxVecs / 2>(p, stream);
+      launch_fwd_warp_vecs<T, kVecs / 2, 1>(p, stream);
       return true;
     }
   }
-  if (vectors <= kWarpVectors) launch_fwd_warp_vecs<T, kMaxVecs>(p, stream);
-  else if (vectors <= 2 * kWarpVectors) launch_fwd_warp_vecs<T, kMaxVecs, 2>(p, stream);
-  else launch_fwd_warp_vecs<T, kMaxVecs, 4>(p, stream);
+  if (vectors <= kWarpVectors) launch_fwd_warp_vecs<T, kVecs, 1>(p, stream);
+  else if (vectors <= 2 * kWarpVectors) launch_fwd_warp_vecs<T, kVecs, 2>(p, stream);
+  else if (vectors <= 4 * kWarpVectors) launch_fwd_warp_vecs<T, kVecs, 4>(p, stream);
+  else launch_fwd_warp_vecs<T, kVecs, kMaxVectors / kWarpVectors>(p, stream);  // 16-bit: eight warps
   return true;
 }
 

@@ -1,11 +1,11 @@
-// Softmax with one warp (forward: one to four warps) per row and the row
+// Softmax with one warp (forward: one to eight warps) per row and the row
 // held in registers as stored. Forward: unmasked rows of up to 32 x kVecs
-// 16-byte vectors per warp (kVecs <= 32: 128 registers of row per lane, 8192
-// 16-bit or 4096 float32 columns per warp). No shared memory and no barrier
-// for a one-warp row: a warp loads its whole row at once, reduces the max
-// and then the sum by shuffles and writes y, while the SM's other warps keep
-// their loads in flight. A row over two or four warps adds one named barrier
-// over those warps only, for their (max, sum) pairs. The rows kernels at
+// 16-byte vectors per warp (kVecs <= 32: 128 registers of row per lane).
+// No shared memory and no barrier for a one-warp row: a warp loads its
+// whole row at once, reduces the max and then the sum by shuffles and
+// writes y, while the SM's other warps keep their loads in flight. A row
+// over several warps adds one named barrier over those warps only, for
+// their (max, sum) pairs. The rows kernels at
 // these widths give a row to a block of 64-512 threads, with a block barrier
 // per reduction and the rows staged through shared memory (bench/NOTES.md).
 // Each exponential is computed twice, for the sum and for y: holding
@@ -18,7 +18,7 @@
 namespace jaxcraft {
 namespace softmax {
 
-// Rows of kLanes threads (one to four warps) in a kBlock-thread block: the
+// Rows of kLanes threads (one to eight warps) in a kBlock-thread block: the
 // group g of the block takes row blockIdx.x kBlock / kLanes + g, and its
 // lane l (0..kLanes-1) vectors l, l + kLanes, ..., so each load instruction
 // of a warp reads 512 consecutive bytes.
@@ -52,8 +52,8 @@ __device__ __forceinline__ void for_pairs(F f) {
 
 // Forward blocks, three per SM under the register cap: 8 warps each (85
 // registers) while the row takes up to 64 registers per lane, 4 warps each
-// (170) for rows of 128 registers per lane (a float32 row of 4096 columns
-// per warp, a 16-bit one of 8192): 12 warps per SM where one 256-thread
+// (170) for rows of 128 registers per lane (float32 rows of 4096 columns
+// per warp; 16-bit ones of 8192 before they took two warps): 12 warps per SM where one 256-thread
 // block of ~163 registers gave 8 (H100, bf16 [16k, 8192] 190.6 -> 187.5 us,
 // f32 [16k, 4096] within 1%).
 template <int kVecs>
@@ -63,8 +63,7 @@ constexpr int kFwdWarpBlock = kVecs <= 16 ? kNarrowBlock : 128;
 // exponentiated against its own max m (sum s); the pairs meet in `slots`
 // (one per warp of the block) after one barrier over the row's warps
 // (named barrier 1 + the row's group in the block), and every warp merges
-// them in the same order (the same bits): M = max m_w, S = sum s_w exp(m_w
-// - M). A warp whose values are all -inf contributes nothing (its s, an
+// them the same way (the same bits): M = max m_w, S = sum s_w exp(m_w - M). A warp whose values are all -inf contributes nothing (its s, an
 // exp of -inf + inf, is dropped); an all -inf row then has M = -inf and S =
 // 0 exp(NaN) = NaN, which makes the row NaN, as jax.
 template <int kWarps>
@@ -75,12 +74,12 @@ __device__ __forceinline__ float2 merge_row_pairs(float m, float s, float2* slot
     const int warp = threadIdx.x / kWarp, first = warp - warp % kWarps;
     if (threadIdx.x % kWarp == 0) slots[warp] = make_float2(m, m == -CUDART_INF_F ? 0.f : s);
     asm volatile("bar.sync %0, %1;" ::"r"(1 + warp / kWarps), "r"(kWarps * kWarp) : "memory");
-    float big = slots[first].x;
-#pragma unroll
-    for (int w = 1; w < kWarps; ++w) big = fmaxf(big, slots[first + w].x);
-    float sum = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) sum += slots[first + w].y * expf(slots[first + w].x - big);
+    // Lane w < kWarps takes warp w's pair; the butterflies give every warp
+    // the same bits.
+    const int lane = threadIdx.x % kWarp;
+    const float2 pair = lane < kWarps ? slots[first + lane] : make_float2(-CUDART_INF_F, 0.f);
+    const float big = warp_allreduce<kWarps>(pair.x, Max{});
+    const float sum = warp_allreduce<kWarps>(lane < kWarps ? pair.y * expf(pair.x - big) : 0.f, Sum{});
     return make_float2(big, sum);
   }
 }
