@@ -34,9 +34,9 @@ def _reference64(x, axis=-1, where=None, dy=None):
 
 
 # (dtype, shape): float32 and bfloat16 over rows of 1, primes, whole 16-byte
-# vectors, 3000 and 6000 (CUDA: the warp-per-row forward with partly filled
-# lanes, one and two warps of 16 vectors per lane), 10000 (four warps per
-# row, partly filled), 4097, a ~50K vocabulary, a 128K one
+# vectors, 3000, 6000 and 10000 (CUDA: the 16-bit forward on two, four and
+# eight warps of 8 vectors per lane, float32 10000 on four warps of 32;
+# partly filled lanes), 4097, a ~50K vocabulary, a 128K one
 # (sm_90: a row over a cluster of eight CTAs) and a 256K one (sixteen
 # 512-thread CTAs), float32 32K (sm_90: two 512-thread CTAs of eight
 # vectors); float16 over fewer.

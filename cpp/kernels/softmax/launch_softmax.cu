@@ -301,20 +301,19 @@ unsigned warp_row_grid(int64_t rows) {
 
 // Unmasked rows of up to 32K 16-bit / 16K float32 columns take the
 // warp-per-row kernel (softmax_warp_kernel.cuh): 16-bit rows of 129..4096
-// vectors (1032..32768 columns) on one warp of 8 or 16 vectors per lane up
-// to 512 vectors, then two, four or eight warps of 16; float32 rows of
-// 513..4096 vectors (2052..16384 columns) on one, two or four warps of 32
-// vectors per lane (at 2048 columns, 16 per lane spilled and tied the rows
-// kernel). Against the rows kernels in the same process: H200 bf16 [16k,
-// 4096] 80.6 -> 72.1 us, f16 85.5 -> 75.5, bf16 [16k, 2048] 42.3 -> 39.3;
-// H100 f32 [16k, 4096] 224.0 -> 214.1, bf16 [16k, 8192] 199.5-201.7 ->
-// 187.5 (89% -> 95% of copy). The rows of several warps (thirty-second
-// session, H200, against the 512- and 1024-thread rows kernels): f32 [16k,
-// 8192] 290-293 -> 263 us (86% -> 95.5% of copy), bf16 [16k, 16384] 297-299
-// -> 263, f32 [16k, 16384] 551-555 -> 522, bf16 [16k, 32768] 553-555 ->
-// 522.5; bf16 [16k, 8192] on two warps of 16 vectors 136.8 -> 132.9, where
-// float32 rows lost 3-5% on 16 vectors per lane (more warps of them).
-// False, launching nothing, for any other row.
+// vectors (1032..32768 columns) on one to eight warps of 8 vectors per lane
+// (16 past 2048 vectors); float32 rows of 513..4096 vectors (2052..16384
+// columns) on one, two or four warps of 32 (at 2048 columns, 16 per lane
+// spilled and tied the rows kernel). Against the rows kernels in the same
+// process: H200 bf16 [16k, 4096] 80.6 -> 72.1 us, f16 85.5 -> 75.5, bf16
+// [16k, 2048] 42.3 -> 39.3; H100 f32 [16k, 4096] 224.0 -> 214.1, bf16 [16k,
+// 8192] 199.5-201.7 -> 187.5 (one warp of 32 vectors per lane). Rows over
+// several warps (thirty-second session; bench/NOTES.md): H200 f32 [16k,
+// 8192] 290-293 -> 263 us (86% -> 95.5% of copy), bf16 [16k, 32768] 553-555
+// -> 522.5; fewer vectors per lane on more warps helps 16-bit rows (bf16
+// [16k, 4096] 16 -> 8 vectors, one warp -> two: H200 69.6 -> 68.2, H100 94.3
+// -> 92.8) and costs float32 ones 3-5%. False, launching nothing, for any
+// other row.
 template <typename T, int kVecs, int kWarps>
 void launch_fwd_warp_vecs(const SoftmaxFwdParams& p, cudaStream_t stream) {
   constexpr int kBlock = softmax::kFwdWarpBlock<kVecs>;
@@ -324,20 +323,19 @@ void launch_fwd_warp_vecs(const SoftmaxFwdParams& p, cudaStream_t stream) {
 template <typename T>
 bool launch_fwd_warp(const SoftmaxFwdParams& p, cudaStream_t stream) {
   constexpr bool kF32 = sizeof(T) == sizeof(float);
-  constexpr int kVecs = kF32 ? 32 : 16;  // per lane: 128 or 64 registers of row
-  constexpr int64_t kWarpVectors = softmax::kWarp * kVecs, kMaxVectors = 4096, kMinVectors = kF32 ? 513 : 129;
   const int64_t vectors = p.cols / Vec<T>::kN;
-  if (p.mask || vectors < kMinVectors || vectors > kMaxVectors) return false;
+  if (p.mask || vectors < (kF32 ? 513 : 129) || vectors > 4096) return false;
   if constexpr (!kF32) {
-    if (vectors <= kWarpVectors / 2) {
-      launch_fwd_warp_vecs<T, kVecs / 2, 1>(p, stream);
-      return true;
-    }
+    if (vectors <= 256) launch_fwd_warp_vecs<T, 8, 1>(p, stream);
+    else if (vectors <= 512) launch_fwd_warp_vecs<T, 8, 2>(p, stream);
+    else if (vectors <= 1024) launch_fwd_warp_vecs<T, 8, 4>(p, stream);
+    else if (vectors <= 2048) launch_fwd_warp_vecs<T, 8, 8>(p, stream);
+    else launch_fwd_warp_vecs<T, 16, 8>(p, stream);
+  } else {  // 32 vectors per lane: 128 registers of row
+    if (vectors <= 1024) launch_fwd_warp_vecs<T, 32, 1>(p, stream);
+    else if (vectors <= 2048) launch_fwd_warp_vecs<T, 32, 2>(p, stream);
+    else launch_fwd_warp_vecs<T, 32, 4>(p, stream);
   }
-  if (vectors <= kWarpVectors) launch_fwd_warp_vecs<T, kVecs, 1>(p, stream);
-  else if (vectors <= 2 * kWarpVectors) launch_fwd_warp_vecs<T, kVecs, 2>(p, stream);
-  else if (vectors <= 4 * kWarpVectors) launch_fwd_warp_vecs<T, kVecs, 4>(p, stream);
-  else launch_fwd_warp_vecs<T, kVecs, kMaxVectors / kWarpVectors>(p, stream);  // 16-bit: eight warps
   return true;
 }
 

@@ -243,12 +243,12 @@ int main(int argc, char** argv) {
   // of 128K columns (f32 backward: clusters of four-vector blocks, each
   // walking rows through a one-stage ring); 131080 columns (16 bits: the
   // same four-vector clusters; f32: past them, streamed); 6000 columns (the
-  // 16-bit forward on two warps of 16 vectors per lane, partly filled);
+  // 16-bit forward on four warps, partly filled);
   // 100000 columns (f32 forward: clusters of four eight-vector blocks,
   // partly filled); 262144 columns (16 bits: sixteen 512-thread CTAs per
   // row, the masked forward eight 1024-thread ones; f32: streamed); 10000
-  // columns (the unmasked forward on four warps per row, partly filled) and
-  // 20000 (16-bit: eight warps).
+  // and 20000 columns (the 16-bit forward on eight warps of 8 and of 16
+  // vectors per lane, float32 10000 on four warps of 32; partly filled).
   const int64_t kShapes[][2] = {{1, 1},     {3, 7},       {5, 8},       {2, 257},    {67, 96},
                                 {9, 1000},  {4, 2048},    {3, 4096},    {3, 4097},   {2, 8192},
                                 {2, 16384}, {2, 32768},   {2, 50257},   {2, 131072}, {70000, 16},
