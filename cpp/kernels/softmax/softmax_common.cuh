@@ -124,6 +124,17 @@ __device__ __forceinline__ float group_reduce(float v, float* slots, Op op) {
   return v;
 }
 
+// (M, S) of the pairs (m_i, s_i) that lanes 0..kLanes-1 hold, s_i a sum of
+// exp(x - m_i) (lanes past kLanes hold (-inf, 0)): M = max m_i and S = sum
+// s_i exp(m_i - M), the same bits in every lane (warp_allreduce). A pair
+// with m_i = -inf adds nothing (exp(m_i - M) is NaN where M = -inf too).
+template <int kLanes>
+__device__ __forceinline__ float2 merge_pairs(float2 pair) {
+  const float m = warp_allreduce<kLanes>(pair.x, Max{});
+  const float s = warp_allreduce<kLanes>(pair.x == -CUDART_INF_F ? 0.f : pair.y * expf(pair.x - m), Sum{});
+  return make_float2(m, s);
+}
+
 // The same, ending with a barrier, so that `scratch` may be reused at once.
 template <int kGroup>
 __device__ __forceinline__ float group_sum(float v, float* scratch) {

@@ -16,17 +16,6 @@ namespace jaxcraft {
 namespace softmax {
 
 // ------------------------------------------------------------------ forward
-// (M, S) of the pairs (m_i, s_i) that lanes 0..kLanes-1 hold, s_i a sum of
-// exp(x - m_i) (lanes past kLanes hold (-inf, 0)): M = max m_i and S = sum
-// s_i exp(m_i - M), the same bits in every lane (warp_allreduce). A pair
-// with m_i = -inf adds nothing (exp(m_i - M) is NaN where M = -inf too).
-template <int kLanes>
-__device__ __forceinline__ float2 merge_pairs(float2 pair) {
-  const float m = warp_allreduce<kLanes>(pair.x, Max{});
-  const float s = warp_allreduce<kLanes>(pair.x == -CUDART_INF_F ? 0.f : pair.y * expf(pair.x - m), Sum{});
-  return make_float2(m, s);
-}
-
 // The factor exp(m - M) / S that turns a warp's exp(x - m) (m the warp's
 // max, s their sum) into the row's softmax, M and S over the row. One block
 // barrier: lane 0 of each warp publishes (m, s) in `warp_pairs` and every

@@ -63,24 +63,16 @@ constexpr int kFwdWarpBlock = kVecs <= 16 ? kNarrowBlock : 128;
 // exponentiated against its own max m (sum s); the pairs meet in `slots`
 // (one per warp of the block) after one barrier over the row's warps
 // (named barrier 1 + the row's group in the block), and every warp merges
-// them the same way (the same bits): M = max m_w, S = sum s_w exp(m_w - M). A warp whose values are all -inf contributes nothing (its s, an
-// exp of -inf + inf, is dropped); an all -inf row then has M = -inf and S =
-// 0 exp(NaN) = NaN, which makes the row NaN, as jax.
+// them (merge_pairs: the same bits in each).
 template <int kWarps>
 __device__ __forceinline__ float2 merge_row_pairs(float m, float s, float2* slots) {
   if constexpr (kWarps == 1) {
     return make_float2(m, s);
   } else {
-    const int warp = threadIdx.x / kWarp, first = warp - warp % kWarps;
-    if (threadIdx.x % kWarp == 0) slots[warp] = make_float2(m, m == -CUDART_INF_F ? 0.f : s);
+    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, first = warp - warp % kWarps;
+    if (lane == 0) slots[warp] = make_float2(m, s);
     asm volatile("bar.sync %0, %1;" ::"r"(1 + warp / kWarps), "r"(kWarps * kWarp) : "memory");
-    // Lane w < kWarps takes warp w's pair; the butterflies give every warp
-    // the same bits.
-    const int lane = threadIdx.x % kWarp;
-    const float2 pair = lane < kWarps ? slots[first + lane] : make_float2(-CUDART_INF_F, 0.f);
-    const float big = warp_allreduce<kWarps>(pair.x, Max{});
-    const float sum = warp_allreduce<kWarps>(lane < kWarps ? pair.y * expf(pair.x - big) : 0.f, Sum{});
-    return make_float2(big, sum);
+    return merge_pairs<kWarps>(lane < kWarps ? slots[first + lane] : make_float2(-CUDART_INF_F, 0.f));
   }
 }
 
