@@ -48,13 +48,12 @@ int split_for(int64_t needed) { return needed <= 2 ? 2 : (needed <= 4 ? 4 : 8); 
 // bf16 / 16K f32 columns; the backward half that), then a cluster of up to 8
 // such blocks per row (256K bf16 / 128K f32 columns forward; sm_90+, else
 // launch_rows declines; float32 rows of 64K-128K columns take clusters of
-// four blocks of eight vectors forward, unmasked 16-bit rows of 16K-32K
-// vectors sixteen 512-thread blocks; backward rows of 2K-32K vectors take
-// 512-thread blocks, below, up to 16 per cluster).
+// four blocks of eight vectors forward; backward rows of 2K-32K vectors
+// take 512-thread blocks, below, up to 16 per cluster).
 // Wider rows stream from global memory twice.
-// (Unmasked forwards of up to 32K 16-bit / 16K f32 columns and 16-bit
-// backwards of 1032..4096 columns take the warp kernels instead:
-// launch_fwd_warp, launch_bwd_warp.)
+// (Unmasked forwards of up to 256K 16-bit / 16K f32 columns and 16-bit
+// backwards of 1032..4096 columns take the warp kernels instead, 16-bit
+// forwards past 32K columns in clusters: launch_fwd_warp, launch_bwd_warp.)
 Config pick_config(int64_t vectors, bool backward, bool f32, bool masked = false) {
   if (vectors <= 32) return {32, 1};
   if (vectors <= 64) return {32, 2};
@@ -87,15 +86,6 @@ Config pick_config(int64_t vectors, bool backward, bool f32, bool masked = false
   // With a mask the kernel takes 76 registers, and only one CTA fits; at
   // 64K-128K columns eight such CTAs lost 5% (1121 -> 1178 us).
   if (!backward && f32 && !masked && ctas == 2) return {512, 2 * vecs, 2};
-  // Unmasked 16-bit forward rows of 16K-32K vectors (bf16 128K-256K
-  // columns): clusters of sixteen 512-thread CTAs of four vectors, two per
-  // SM, where eight 1024-thread CTAs ran one per SM. Same build, bf16 [2k,
-  // 256k]: H100 855.1-855.7 -> 842.1-842.5 us (82.7% -> 84% of copy), H200
-  // 677.4-678.5 -> 655.7-656.7. (Rows of 8K-16K vectors on sixteen
-  // 256-thread CTAs: H100 bf16 [4k, 128k] 825.7 -> 805.1, but H200 631 ->
-  // 659, and masked H100 868 -> 904; not kept.)
-  if (!backward && !f32 && !masked && ctas > kMaxSplit / 2 && ctas <= kMaxSplit)
-    return {512, vecs, 2 * kMaxSplit};
   if (!backward && ctas > 2 && (vectors + 512 * vecs - 1) / (512 * vecs) <= kMaxSplit)
     return {512, vecs, kMaxSplit};
   // Backward rows over one block, up to 16K vectors (bf16 32K-128K, f32
@@ -320,10 +310,41 @@ void launch_fwd_warp_vecs(const SoftmaxFwdParams& p, cudaStream_t stream) {
   softmax::softmax_fwd_warp_kernel<T, kVecs, kWarps><<<warp_row_grid<kBlock, kWarps>(p.rows), kBlock, 0, stream>>>(p);
 }
 
+// Unmasked 16-bit rows of 4K-32K vectors (bf16 32K-256K columns): the
+// warp kernel's one-row blocks of eight warps (16 vectors per lane) in
+// clusters of 2, 4 or 8, the CTAs' (max, sum) pairs merged through
+// distributed shared memory; no ring, so a cluster's CTAs need no shared
+// memory and pack onto the SMs, several per SM, where the rows kernels' 512-
+// and 1024-thread CTAs fit clusters of eight on 120 of 132 SMs. Against the
+// rows kernels, same process: bf16 [4k, 128k] H200 626 -> 539 us (80% -> 93%
+// of copy), H100 834 -> 716 (85% -> 99%); [2k, 256k] H200 656 -> 557, H100
+// 847 -> 729; [8k, 64k] H100 846 -> 719. (float32 rows of 8K-32K vectors on
+// clusters of 128-thread blocks, H200: 32K columns the same, 128K 10%
+// slower.) False, launching nothing, where clusters cannot run.
+template <typename T, int kSplit>
+bool launch_fwd_warp_cluster(const SoftmaxFwdParams& p, cudaStream_t stream, cudaError_t* err) {
+  constexpr auto kKernel = softmax::softmax_fwd_warp_kernel<T, 16, 8, kSplit>;
+  constexpr int kBlock = softmax::kFwdWarpBlock<16>;
+  int device = 0, clusters = 0;
+  if ((*err = cudaGetDevice(&device)) != cudaSuccess ||
+      (*err = resident_walkers<kKernel, kSplit>(device, kBlock, 0, 0, &clusters)) != cudaSuccess)
+    return true;
+  if (clusters < 1) return false;
+  *err = ClusterLaunch(kSplit, p.rows * kSplit, kBlock, 0, stream).launch(kKernel, p);
+  return true;
+}
+
 template <typename T>
-bool launch_fwd_warp(const SoftmaxFwdParams& p, cudaStream_t stream) {
+bool launch_fwd_warp(const SoftmaxFwdParams& p, cudaStream_t stream, cudaError_t* err) {
   constexpr bool kF32 = sizeof(T) == sizeof(float);
   const int64_t vectors = p.cols / Vec<T>::kN;
+  if constexpr (!kF32) {
+    if (!p.mask && vectors > 4096 && vectors <= 32768) {
+      if (vectors <= 8192) return launch_fwd_warp_cluster<T, 2>(p, stream, err);
+      if (vectors <= 16384) return launch_fwd_warp_cluster<T, 4>(p, stream, err);
+      return launch_fwd_warp_cluster<T, 8>(p, stream, err);
+    }
+  }
   if (p.mask || vectors < (kF32 ? 513 : 129) || vectors > 4096) return false;
   if constexpr (!kF32) {
     if (vectors <= 256) launch_fwd_warp_vecs<T, 8, 1>(p, stream);
@@ -343,12 +364,12 @@ template <typename T>
 cudaError_t fwd_typed(const SoftmaxFwdParams& p, cudaStream_t stream) {
   const bool vec = all_aligned({p.x, p.y});
   const bool whole_vectors = vec && p.cols % Vec<T>::kN == 0;
-  if (whole_vectors && launch_fwd_warp<T>(p, stream)) return cudaGetLastError();
+  cudaError_t err = cudaSuccess;
+  if (whole_vectors && launch_fwd_warp<T>(p, stream, &err)) return err != cudaSuccess ? err : cudaGetLastError();
   constexpr bool kF32 = sizeof(T) == sizeof(float);
   const Config cfg =
       whole_vectors && all_aligned({p.mask}) ? pick_config(p.cols / Vec<T>::kN, false, kF32, p.mask != nullptr)
                                              : Config{};
-  cudaError_t err = cudaSuccess;
   bool ran = false;
   switch (config_key(cfg.group, cfg.vecs, cfg.split)) {
     JAXCRAFT_FWD_ROWS_CASE(32, 1, 1)
@@ -368,9 +389,6 @@ cudaError_t fwd_typed(const SoftmaxFwdParams& p, cudaStream_t stream) {
       break;
     case config_key(512, 8, 2):  // float32, unmasked only (pick_config)
       if constexpr (kF32) ran = !p.mask && launch_fwd_rows_masked<T, 512, 8, 2, false>(p, stream, &err);
-      break;
-    case config_key(512, 4, 16):  // 16-bit, unmasked only (pick_config)
-      if constexpr (!kF32) ran = !p.mask && launch_fwd_rows_masked<T, 512, 4, 16, false>(p, stream, &err);
       break;
     default: break;
   }

@@ -21,19 +21,23 @@ namespace softmax {
 // Rows of kLanes threads (one to eight warps) in a kBlock-thread block: the
 // group g of the block takes row blockIdx.x kBlock / kLanes + g, and its
 // lane l (0..kLanes-1) vectors l, l + kLanes, ..., so each load instruction
-// of a warp reads 512 consecutive bytes.
-template <typename T, int kBlock, int kLanes = kWarp>
+// of a warp reads 512 consecutive bytes. With kSplit > 1 (clusters of
+// kSplit one-row blocks) the row is cluster blockIdx.x / kSplit, and the
+// lanes run on over the cluster's CTAs in rank order.
+template <typename T, int kBlock, int kLanes = kWarp, int kSplit = 1>
 struct WarpRow {
+  static_assert(kSplit == 1 || kLanes == kBlock, "a cluster splits one-row blocks");
   static constexpr int kN = Vec<T>::kN;
-  static constexpr int kStride = kLanes * kN;  // elements from one of a lane's vectors to the next
+  static constexpr int kRowLanes = kLanes * kSplit;
+  static constexpr int kStride = kRowLanes * kN;  // elements from one of a lane's vectors to the next
   int64_t row;
   int lane, vectors;
   __device__ WarpRow(int64_t cols)
-      : row(int64_t(blockIdx.x) * (kBlock / kLanes) + threadIdx.x / kLanes),
-        lane(threadIdx.x % kLanes),
+      : row(kSplit > 1 ? int64_t(blockIdx.x / kSplit) : int64_t(blockIdx.x) * (kBlock / kLanes) + threadIdx.x / kLanes),
+        lane(kSplit > 1 ? int(blockIdx.x % kSplit) * kBlock + int(threadIdx.x) : int(threadIdx.x % kLanes)),
         vectors(static_cast<int>(cols / kN)) {}
   __device__ int64_t first(int64_t cols) const { return row * cols + lane * kN; }  // vector 0's element
-  __device__ bool owns(int i) const { return lane + kLanes * i < vectors; }
+  __device__ bool owns(int i) const { return lane + kRowLanes * i < vectors; }
   // f(i) for every vector i this lane holds.
   template <int kVecs, class F>
   __device__ __forceinline__ void for_owned(F f) const {
@@ -76,14 +80,42 @@ __device__ __forceinline__ float2 merge_row_pairs(float m, float s, float2* slot
   }
 }
 
-template <typename T, int kVecs, int kWarps>
+// The CTA's (max, sum) merged with its kSplit - 1 peers' (sm_90 clusters of
+// one-row blocks): threads 0..kSplit-1 push it into slot `rank` of every
+// CTA's `cta_slots` once every peer has started (the launch's arrival,
+// waited on here), and after the cluster barrier every CTA merges the
+// kSplit pairs (the same bits). No CTA touches a peer after that barrier.
+template <int kSplit>
+__device__ __forceinline__ float2 merge_cluster_pairs(float2 pair, float2* cta_slots) {
+  if constexpr (kSplit == 1) {
+    return pair;
+  } else {
+#if JAXCRAFT_NORM_HAS_CLUSTERS
+    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+    if (threadIdx.x < kSplit)
+      *cooperative_groups::this_cluster().map_shared_rank(cta_slots + norm::cluster_rank<kSplit>(),
+                                                          static_cast<int>(threadIdx.x)) = pair;
+#endif
+    norm::cluster_sync();
+    const int lane = threadIdx.x % kWarp;
+    return merge_pairs<kSplit>(lane < kSplit ? cta_slots[lane] : make_float2(-CUDART_INF_F, 0.f));
+  }
+}
+
+template <typename T, int kVecs, int kWarps, int kSplit = 1>
 __global__ void __launch_bounds__(kFwdWarpBlock<kVecs>, 3)
     softmax_fwd_warp_kernel(const SoftmaxFwdParams p) {
   constexpr int kBlock = kFwdWarpBlock<kVecs>;
   static_assert(kBlock % (kWarps * kWarp) == 0, "a block holds whole rows");
   __shared__ float2 slots[kBlock / kWarp];
-  const WarpRow<T, kBlock, kWarps * kWarp> w(p.cols);
-  if (w.row >= p.rows) return;  // the row's whole group
+  __shared__ float2 cta_slots[kSplit];
+#if JAXCRAFT_NORM_HAS_CLUSTERS
+  // Arrive now, wait before the first remote store (merge_cluster_pairs):
+  // every peer must have started by then, and the loads hide the wait.
+  if constexpr (kSplit > 1) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
+  const WarpRow<T, kBlock, kWarps * kWarp, kSplit> w(p.cols);
+  if (w.row >= p.rows) return;  // the row's whole group (cluster: never, the grid is exact)
   const T* x = static_cast<const T*>(p.x) + w.first(p.cols);
   T* y = static_cast<T*>(p.y) + w.first(p.cols);
   Vec<T> v[kVecs];
@@ -107,7 +139,8 @@ __global__ void __launch_bounds__(kFwdWarpBlock<kVecs>, 3)
       s += exp_shifted<T>(e.y, m, m_log2e);
     });
   });
-  const float2 row = merge_row_pairs<kWarps>(m, warp_allreduce<kWarp>(s, Sum{}), slots);
+  const float2 row =
+      merge_cluster_pairs<kSplit>(merge_row_pairs<kWarps>(m, warp_allreduce<kWarp>(s, Sum{}), slots), cta_slots);
   m = row.x;
   m_log2e = m * kLog2e;
   const float inv = 1.f / row.y;

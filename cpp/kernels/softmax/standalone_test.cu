@@ -235,7 +235,8 @@ int main(int argc, char** argv) {
   // body between scalar head and tail); every rows-kernel group (32 .. 1024
   // threads per row, bf16: 8 columns per vector); past the register limit
   // (stream kernel, 256 and 1024 threads per row); a ~50K vocabulary and a
-  // 128K one (the rows kernels split over clusters of 2-16 blocks on sm_90);
+  // 128K one (sm_90: clusters of 2-16 blocks; the unmasked 16-bit forward
+  // four warp-kernel blocks);
   // more rows than one grid covers (grid-stride), and more rows than the
   // resident blocks (clusters) of the rows kernels hold (each walks several
   // rows through its ring, masked at 2048 and 65536 columns); a width the
@@ -245,8 +246,9 @@ int main(int argc, char** argv) {
   // same four-vector clusters; f32: past them, streamed); 6000 columns (the
   // 16-bit forward on four warps, partly filled);
   // 100000 columns (f32 forward: clusters of four eight-vector blocks,
-  // partly filled); 262144 columns (16 bits: sixteen 512-thread CTAs per
-  // row, the masked forward eight 1024-thread ones; f32: streamed); 10000
+  // partly filled); 262144 columns (16 bits: the forward on eight
+  // warp-kernel CTAs per row, masked on eight 1024-thread ones; f32:
+  // streamed); 10000
   // and 20000 columns (the 16-bit forward on eight warps of 8 and of 16
   // vectors per lane, float32 10000 on four warps of 32; partly filled).
   const int64_t kShapes[][2] = {{1, 1},     {3, 7},       {5, 8},       {2, 257},    {67, 96},
@@ -287,6 +289,7 @@ int main(int argc, char** argv) {
       time_case(dt, 4096, 131072, copy);
       time_case(dt, 4096, 131072, copy, /*masked=*/true);  // bf16: eight 512-thread CTAs per row
     }
+    time_case(DType::kBF16, 8192, 65536, copy);   // forward: clusters of two warp-kernel blocks
     time_case(DType::kBF16, 2048, 262144, copy);  // 512 KiB rows: the four-vector backward
   }
   std::printf("%s\n", all_ok ? "ALL PASS" : "SOME FAILED");
