@@ -1,15 +1,16 @@
-// Softmax with one warp (forward: one to eight warps) per row and the row
-// held in registers as stored. Forward: unmasked rows of up to 32 x kVecs
-// 16-byte vectors per warp (kVecs <= 32: 128 registers of row per lane).
-// No shared memory and no barrier for a one-warp row: a warp loads its
-// whole row at once, reduces the max and then the sum by shuffles and
-// writes y, while the SM's other warps keep their loads in flight. A row
-// over several warps adds one named barrier over those warps only, for
-// their (max, sum) pairs. The rows kernels at
-// these widths give a row to a block of 64-512 threads, with a block barrier
-// per reduction and the rows staged through shared memory (bench/NOTES.md).
-// Each exponential is computed twice, for the sum and for y: holding
-// exp(x - max) in float32 would take twice the registers of a 16-bit row.
+// Softmax with one warp (forward: one to eight warps, and past one block a
+// cluster of such blocks) per row and the row held in registers as stored.
+// Forward: unmasked rows of up to 32 x kVecs 16-byte vectors per warp
+// (kVecs <= 32: 128 registers of row per lane). No shared memory and no
+// barrier for a one-warp row: a warp loads its whole row at once, reduces
+// the max and then the sum by shuffles and writes y, while the SM's other
+// warps keep their loads in flight. A row over several warps adds one named
+// barrier over those warps, for their (max, sum) pairs, and a row over a
+// cluster one cluster barrier. The rows kernels at these widths give a row
+// to a block of 64-1024 threads, with a block barrier per reduction and the
+// rows staged through shared memory (bench/NOTES.md). Each exponential is
+// computed twice, for the sum and for y: holding exp(x - max) in float32
+// would take twice the registers of a 16-bit row.
 #pragma once
 #include <math_constants.h>
 
@@ -56,10 +57,10 @@ __device__ __forceinline__ void for_pairs(F f) {
 
 // Forward blocks, three per SM under the register cap: 8 warps each (85
 // registers) while the row takes up to 64 registers per lane, 4 warps each
-// (170) for rows of 128 registers per lane (float32 rows of 4096 columns
-// per warp; 16-bit ones of 8192 before they took two warps): 12 warps per SM where one 256-thread
-// block of ~163 registers gave 8 (H100, bf16 [16k, 8192] 190.6 -> 187.5 us,
-// f32 [16k, 4096] within 1%).
+// (170) for rows of 128 registers per lane (float32, 32 vectors per lane):
+// 12 warps per SM where one 256-thread block of ~163 registers gave 8
+// (H100, bf16 [16k, 8192] 190.6 -> 187.5 us when 16-bit rows took 32
+// vectors per lane, f32 [16k, 4096] within 1%).
 template <int kVecs>
 constexpr int kFwdWarpBlock = kVecs <= 16 ? kNarrowBlock : 128;
 

@@ -243,7 +243,8 @@ int main(int argc, char** argv) {
   // warp-per-row forward covers with partly filled lanes (3000); 40 rows
   // of 128K columns (f32 backward: clusters of four-vector blocks, each
   // walking rows through a one-stage ring); 131080 columns (16 bits: the
-  // same four-vector clusters; f32: past them, streamed); 6000 columns (the
+  // same four-vector clusters backward, eight warp-kernel blocks forward;
+  // f32: past them, streamed); 6000 columns (the
   // 16-bit forward on four warps, partly filled);
   // 100000 columns (f32 forward: clusters of four eight-vector blocks,
   // partly filled); 262144 columns (16 bits: the forward on eight
