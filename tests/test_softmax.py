@@ -36,10 +36,10 @@ def _reference64(x, axis=-1, where=None, dy=None):
 # (dtype, shape): float32 and bfloat16 over rows of 1, primes, whole 16-byte
 # vectors, 3000, 6000 and 10000 (CUDA: the 16-bit forward on two, four and
 # eight warps of 8 vectors per lane, float32 10000 on four warps of 32;
-# partly filled lanes), 4097, a ~50K vocabulary, a 128K one
-# (sm_90: a row over a cluster of four warp-kernel CTAs forward, eight
-# backward) and a 256K one (eight forward, sixteen backward), float32 32K (sm_90: two 512-thread CTAs of eight
-# vectors); float16 over fewer.
+# partly filled lanes), 4097, a ~50K vocabulary, a 128K one (sm_90: a row
+# over a cluster of four warp-kernel CTAs forward, eight backward) and a
+# 256K one (eight forward, sixteen backward), float32 32K (sm_90: two
+# 512-thread CTAs of eight vectors); float16 over fewer.
 SHAPES = ([(jnp.bfloat16, s) for s in [(7, 1), (3, 5, 13), (4, 256), (5, 3000), (2, 4097), (3, 6000),
                                         (3, 10000), (2, 50257), (2, 131072), (2, 262144)]]
           + [(jnp.float32, s) for s in [(5, 7), (6, 1000), (3, 4096), (2, 10000), (3, 32768), (2, 50257)]]
