@@ -133,12 +133,17 @@ def test_axes(platform, axis):
                              rtol=1e-5, atol=1e-6)
 
 
-# On sm_90, the backward's clusters of 512-thread blocks: bfloat16 (3, 32768)
-# on four of two vectors, float32 (3, 32768) on four of four, bfloat16
-# (2, 131072) on eight of four and float32 (2, 131072) on sixteen of four.
-GRADS = [(jnp.float32, (4, 7)), (jnp.float32, (2, 4097)), (jnp.float32, (3, 32768)),
+# The backward's kernels (CUDA): rows of 129..16384 16-byte vectors on the
+# warp kernel, 8 vectors per lane: bfloat16 (5, 2000) on one warp, (3,
+# 4096) on two, float32 (3, 5000) on eight, partly filled; on sm_90 clusters
+# of eight-warp blocks: bfloat16 (3, 20000) on two, partly filled, float32
+# (3, 32768) on four, bfloat16 (2, 131072) on eight, float16 (2, 100000) on
+# eight, partly filled. float32 (2, 131072) on sixteen 512-thread rows-kernel
+# CTAs; float16 (4, 1000) on a rows kernel's 64 threads; 4097 streamed.
+GRADS = [(jnp.float32, (4, 7)), (jnp.float32, (2, 4097)), (jnp.float32, (3, 5000)), (jnp.float32, (3, 32768)),
          (jnp.float32, (2, 131072)), (jnp.bfloat16, (3, 4096)), (jnp.bfloat16, (5, 2000)),
-         (jnp.bfloat16, (3, 32768)), (jnp.bfloat16, (2, 131072)), (jnp.float16, (4, 1000))]
+         (jnp.bfloat16, (3, 20000)), (jnp.bfloat16, (3, 32768)), (jnp.bfloat16, (2, 131072)),
+         (jnp.float16, (4, 1000)), (jnp.float16, (2, 100000))]
 
 
 @pytest.mark.parametrize("dtype,shape", GRADS, ids=[f"{d.__name__}-{s[-1]}" for d, s in GRADS])

@@ -30,86 +30,72 @@ struct Config {
 };
 
 // Thread-block clusters of up to 8 CTAs are portable; 16 need an opt-in
-// (resident_walkers), which sm_90 grants. The widest backward rows and the
-// widest unmasked 16-bit forward rows use 16.
+// (resident_walkers), which sm_90 grants. The widest backward rows use 16.
 constexpr int kMaxSplit = 8;
 
 // The smallest instantiated cluster size (2, 4 or 8) holding `needed` CTAs.
 int split_for(int64_t needed) { return needed <= 2 ? 2 : (needed <= 4 ? 4 : 8); }
 
-// Register budget (64K registers per SM; 1024-thread blocks leave 64 per
-// thread): the forward holds kVecs <= 4 vectors of x (16 registers; 8
+// Forward rows kernels. Register budget (64K registers per SM; 1024-thread
+// blocks leave 64 per thread): kVecs <= 4 vectors of x (16 registers; 8
 // vectors, 32 registers, for float32 rows of 64K-128K columns) plus their
-// mask bits; the backward y and dy (2 x 2 vectors, 16 registers; 2 x 4 past
-// 64K float32 columns).
+// mask bits.
 // Groups grow before vectors so that narrow rows still spread over a warp
 // and wide ones over a block; one warp per row up to 32 x 4 vectors (1024
 // bf16 / 512 f32 columns), one block per row up to 1024 x 4 vectors (32K
-// bf16 / 16K f32 columns; the backward half that), then a cluster of up to 8
-// such blocks per row (256K bf16 / 128K f32 columns forward; sm_90+, else
-// launch_rows declines; float32 rows of 64K-128K columns take clusters of
-// four blocks of eight vectors forward; backward rows of 2K-32K vectors
-// take 512-thread blocks, below, up to 16 per cluster).
+// bf16 / 16K f32 columns), then a cluster of up to 8 such blocks per row
+// (256K bf16 / 128K f32 columns; sm_90+, else launch_rows declines; float32
+// rows of 64K-128K columns take clusters of four blocks of eight vectors).
 // Wider rows stream from global memory twice.
-// (Unmasked forwards of up to 256K 16-bit / 16K f32 columns and 16-bit
-// backwards of 1032..4096 columns take the warp kernels instead, 16-bit
-// forwards past 32K columns in clusters: launch_fwd_warp, launch_bwd_warp.)
-Config pick_config(int64_t vectors, bool backward, bool f32, bool masked = false) {
+// (Unmasked rows of up to 256K 16-bit / 16K f32 columns take the warp
+// kernels instead, 16-bit rows past 32K columns in clusters:
+// launch_fwd_warp.)
+Config pick_fwd_config(int64_t vectors, bool f32, bool masked) {
   if (vectors <= 32) return {32, 1};
   if (vectors <= 64) return {32, 2};
-  const int vecs = backward ? 2 : 4;
-  if (backward) {
-    if (vectors <= 128) return {64, 2};
-  } else {
-    if (vectors <= 128) return {32, 4};
-  }
-  for (int group = backward ? 128 : 64; group <= 1024; group *= 2)
+  const int vecs = 4;
+  if (vectors <= 128) return {32, vecs};
+  for (int group = 64; group <= 1024; group *= 2)
     if (vectors <= int64_t{group} * vecs) return {group, vecs};
   const int64_t ctas = (vectors + 1024 * vecs - 1) / (1024 * vecs);
-  // Forward rows over more than two 1024-thread CTAs (256 KiB rows) take
-  // eight 512-thread CTAs instead, so two clusters share each SM and one
-  // runs while the other waits at its barrier. H100, bf16 [4k, 128k]:
-  // 906 -> 858 us; at two CTAs (f32 [16k, 32k]) four 512-thread CTAs
-  // lost 3.5% (1611 -> 1670 us).
-  // Float32 forward rows of 64K-128K columns: clusters of four 1024-thread
-  // CTAs holding eight vectors per thread in registers (a 128 KB one-stage
+  // Rows over more than two 1024-thread CTAs (256 KiB rows) take eight
+  // 512-thread CTAs instead, so two clusters share each SM and one runs
+  // while the other waits at its barrier. H100, bf16 [4k, 128k]: 906 ->
+  // 858 us; at two CTAs (f32 [16k, 32k]) four 512-thread CTAs lost 3.5%
+  // (1611 -> 1670 us).
+  // Float32 rows of 64K-128K columns: clusters of four 1024-thread CTAs
+  // holding eight vectors per thread in registers (a 128 KB one-stage
   // ring, refilled once x is read; half the CTAs per cluster barrier) where
   // eight CTAs of four vectors ran (both grids hold 120 CTAs on the H100):
   // f32 [4k, 128k] 1683 -> 1591 us (85% -> 89.5% of copy). 16-bit rows
   // would spill (bench/NOTES.md, twenty-sixth session).
-  if (!backward && f32 && ctas > kMaxSplit / 2 && ctas <= kMaxSplit)
-    return {1024, 2 * vecs, kMaxSplit / 2};
-  // Unmasked float32 forward rows of 16K-32K columns: clusters of two
-  // 512-thread CTAs of eight vectors per thread (the one-stage ring above),
-  // two CTAs per SM, where two 1024-thread CTAs of four ran one per SM.
-  // H200: f32 [16k, 32k] 1196.3 -> 1116.4 us (84.5% -> 90.6% of copy).
-  // With a mask the kernel takes 76 registers, and only one CTA fits; at
-  // 64K-128K columns eight such CTAs lost 5% (1121 -> 1178 us).
-  if (!backward && f32 && !masked && ctas == 2) return {512, 2 * vecs, 2};
-  if (!backward && ctas > 2 && (vectors + 512 * vecs - 1) / (512 * vecs) <= kMaxSplit)
-    return {512, vecs, kMaxSplit};
-  // Backward rows over one block, up to 16K vectors (bf16 32K-128K, f32
-  // 32K-64K columns): clusters of 512-thread CTAs, two per SM (launch_rows
-  // gives each half the shared memory), so that one CTA's loads and stores
-  // run while the other waits at its barriers; two vectors per thread up to
-  // 4K vectors (a three-stage ring fits), then four (a one-stage ring).
-  // Clusters of four where they can: the GPCs hold fewer clusters of eight.
-  // H200, against 1024-thread CTAs of two vectors in the same process: bf16
-  // [16k, 32k] 931.7 -> 811.6 us (81% -> 93% of copy), f32 [16k, 32k]
-  // 1673.5 -> 1552.5 (91% -> 98%), bf16 [4k, 128k] 925.2 -> 859.1 (82% ->
-  // 88%). Two vectors over eight CTAs at f32 32K ran 1630.8, four over
-  // two CTAs at bf16 32K 855.7 (bench/NOTES.md, twenty-ninth session).
-  if (backward && vectors <= 512 * vecs * 4) return {512, vecs, 4};
-  if (backward && vectors <= 512 * 2 * vecs * kMaxSplit)
-    return {512, 2 * vecs, split_for((vectors + 1024 * vecs - 1) / (1024 * vecs))};
+  if (f32 && ctas > kMaxSplit / 2 && ctas <= kMaxSplit) return {1024, 2 * vecs, kMaxSplit / 2};
+  // Unmasked float32 rows of 16K-32K columns: clusters of two 512-thread
+  // CTAs of eight vectors per thread (the one-stage ring above), two CTAs
+  // per SM, where two 1024-thread CTAs of four ran one per SM. H200: f32
+  // [16k, 32k] 1196.3 -> 1116.4 us (84.5% -> 90.6% of copy). With a mask
+  // the kernel takes 76 registers, and only one CTA fits; at 64K-128K
+  // columns eight such CTAs lost 5% (1121 -> 1178 us).
+  if (f32 && !masked && ctas == 2) return {512, 2 * vecs, 2};
+  if (ctas > 2 && (vectors + 512 * vecs - 1) / (512 * vecs) <= kMaxSplit) return {512, vecs, kMaxSplit};
   if (ctas <= kMaxSplit) return {1024, vecs, split_for(ctas)};
-  // Backward rows of 16K-32K vectors (f32 64K-128K, bf16 128K-256K
-  // columns: up to 512 KiB of y) on sixteen 512-thread CTAs of four vectors
-  // (a non-portable cluster size), two per SM, where eight 1024-thread CTAs
-  // of four vectors ran one per SM. H100, same build: bf16 [2k, 256k]
-  // 1187-1212 -> 1085 us (88-90% -> 98% of copy), f32 [4k, 128k] 2207-2231
-  // -> 2205-2208 (the same).
-  if (backward && ctas <= 2 * kMaxSplit) return {512, 2 * vecs, 2 * kMaxSplit};
+  return {};
+}
+
+// Backward rows kernels, for the rows the warp kernels do not take
+// (launch_bwd_warp): y and dy, 2 x 2 vectors per thread (16 registers),
+// up to 128 vectors on a warp or two; rows of 16K-32K vectors (f32
+// 64K-128K, bf16 128K-256K columns: up to 512 KiB of y) on sixteen
+// 512-thread CTAs of four vectors (a non-portable cluster size, sm_90+),
+// two per SM, where eight 1024-thread CTAs of four vectors ran one per SM.
+// H100, same build: bf16 [2k, 256k] 1187-1212 -> 1085 us (88-90% -> 98% of
+// copy), f32 [4k, 128k] 2207-2231 -> 2205-2208 (the same). Wider rows, and
+// rows of 2K-16K vectors where clusters cannot run, stream.
+Config pick_bwd_config(int64_t vectors) {
+  if (vectors <= 32) return {32, 1};
+  if (vectors <= 64) return {32, 2};
+  if (vectors <= 128) return {64, 2};
+  if (vectors > 512 * 4 * kMaxSplit && vectors <= 512 * 4 * 2 * kMaxSplit) return {512, 4, 2 * kMaxSplit};
   return {};
 }
 
@@ -233,7 +219,7 @@ bool launch_rows(int stage_bytes, const Params& p, cudaStream_t stream, cudaErro
           cudaSuccess)
     return true;
   const int smem_limit = optin - kStaticSmemMargin;
-  // 512-thread CTAs in clusters run two per SM (pick_config): each ring gets
+  // 512-thread CTAs in clusters run two per SM (pick_fwd_config): each ring gets
   // half the shared memory.
   constexpr bool kTwoPerSm = kSplit > 1 && kThreads == 512;
   const int ring_limit = kTwoPerSm ? optin / 2 - kStaticSmemMargin : smem_limit;
@@ -310,6 +296,20 @@ void launch_fwd_warp_vecs(const SoftmaxFwdParams& p, cudaStream_t stream) {
   softmax::softmax_fwd_warp_kernel<T, kVecs, kWarps><<<warp_row_grid<kBlock, kWarps>(p.rows), kBlock, 0, stream>>>(p);
 }
 
+// Launches kKernel, a warp kernel of kBlock-thread one-row blocks, in
+// clusters of kSplit: one cluster per row. False, launching nothing, where
+// clusters cannot run.
+template <auto kKernel, int kSplit, int kBlock, typename Params>
+bool launch_warp_cluster(const Params& p, cudaStream_t stream, cudaError_t* err) {
+  int device = 0, clusters = 0;
+  if ((*err = cudaGetDevice(&device)) != cudaSuccess ||
+      (*err = resident_walkers<kKernel, kSplit>(device, kBlock, 0, 0, &clusters)) != cudaSuccess)
+    return true;
+  if (clusters < 1) return false;
+  *err = ClusterLaunch(kSplit, p.rows * kSplit, kBlock, 0, stream).launch(kKernel, p);
+  return true;
+}
+
 // Unmasked 16-bit rows of 4K-32K vectors (bf16 32K-256K columns): the
 // warp kernel's one-row blocks of eight warps (16 vectors per lane) in
 // clusters of 2, 4 or 8, the CTAs' (max, sum) pairs merged through
@@ -320,18 +320,11 @@ void launch_fwd_warp_vecs(const SoftmaxFwdParams& p, cudaStream_t stream) {
 // of copy), H100 834 -> 716 (85% -> 99%); [2k, 256k] H200 656 -> 557, H100
 // 847 -> 729; [8k, 64k] H100 846 -> 719. (float32 rows of 8K-32K vectors on
 // clusters of 128-thread blocks, H200: 32K columns the same, 128K 10%
-// slower.) False, launching nothing, where clusters cannot run.
+// slower.)
 template <typename T, int kSplit>
 bool launch_fwd_warp_cluster(const SoftmaxFwdParams& p, cudaStream_t stream, cudaError_t* err) {
-  constexpr auto kKernel = softmax::softmax_fwd_warp_kernel<T, 16, 8, kSplit>;
-  constexpr int kBlock = softmax::kFwdWarpBlock<16>;
-  int device = 0, clusters = 0;
-  if ((*err = cudaGetDevice(&device)) != cudaSuccess ||
-      (*err = resident_walkers<kKernel, kSplit>(device, kBlock, 0, 0, &clusters)) != cudaSuccess)
-    return true;
-  if (clusters < 1) return false;
-  *err = ClusterLaunch(kSplit, p.rows * kSplit, kBlock, 0, stream).launch(kKernel, p);
-  return true;
+  return launch_warp_cluster<softmax::softmax_fwd_warp_kernel<T, 16, 8, kSplit>, kSplit,
+                             softmax::kFwdWarpBlock<16>>(p, stream, err);
 }
 
 template <typename T>
@@ -368,7 +361,7 @@ cudaError_t fwd_typed(const SoftmaxFwdParams& p, cudaStream_t stream) {
   if (whole_vectors && launch_fwd_warp<T>(p, stream, &err)) return err != cudaSuccess ? err : cudaGetLastError();
   constexpr bool kF32 = sizeof(T) == sizeof(float);
   const Config cfg =
-      whole_vectors && all_aligned({p.mask}) ? pick_config(p.cols / Vec<T>::kN, false, kF32, p.mask != nullptr)
+      whole_vectors && all_aligned({p.mask}) ? pick_fwd_config(p.cols / Vec<T>::kN, kF32, p.mask != nullptr)
                                              : Config{};
   bool ran = false;
   switch (config_key(cfg.group, cfg.vecs, cfg.split)) {
@@ -384,10 +377,10 @@ cudaError_t fwd_typed(const SoftmaxFwdParams& p, cudaStream_t stream) {
     JAXCRAFT_FWD_ROWS_CASE(1024, 4, 2)
     JAXCRAFT_FWD_ROWS_CASE(1024, 4, 4)
     JAXCRAFT_FWD_ROWS_CASE(1024, 4, 8)
-    case config_key(1024, 8, 4):  // float32 only (pick_config): 16-bit rows would spill
+    case config_key(1024, 8, 4):  // float32 only (pick_fwd_config): 16-bit rows would spill
       if constexpr (kF32) ran = launch_fwd_rows<T, 1024, 8, 4>(p, stream, &err);
       break;
-    case config_key(512, 8, 2):  // float32, unmasked only (pick_config)
+    case config_key(512, 8, 2):  // float32, unmasked only (pick_fwd_config)
       if constexpr (kF32) ran = !p.mask && launch_fwd_rows_masked<T, 512, 8, 2, false>(p, stream, &err);
       break;
     default: break;
@@ -398,49 +391,52 @@ cudaError_t fwd_typed(const SoftmaxFwdParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// The backward's warp-per-row kernel: 16-bit rows of 129..512 vectors
-// (1032..4096 columns), y and dy in registers. H100, against the rows
-// kernel in the same process: bf16 [16k, 4096] 141.8 -> 134.0 us, f16
-// 163.2 -> 155.4, bf16 [16k, 2048] 84.4 -> 79.5. False, launching nothing,
-// for any other row.
+// The backward's warp kernels: rows of 129..16384 vectors (16-bit 1032..
+// 131072 columns, float32 516..65536), y and dy in registers, 8 vectors of
+// each per lane: one to eight warps per row, past 2048 vectors clusters of
+// 2, 4 or 8 one-row blocks of eight warps. Against the rows kernels (and,
+// at 16-bit 512 vectors, one warp of 16 vectors per lane), same process,
+// H200 (thirty-third session; bench/NOTES.md): bf16 [4k, 128k] 860 -> 762
+// us (88% -> 99.6% of copy), [16k, 32k] 811 -> 734, [16k, 8k] 206 -> 187;
+// f32 [16k, 8k] 394 -> 371, [16k, 32k] 1551 -> 1462; bf16 [16k, 4k] 96.0
+// -> 95.7. False, launching nothing, for any other row.
+template <typename T, int kWarps>
+void launch_bwd_warp_vecs(const SoftmaxBwdParams& p, cudaStream_t stream) {
+  constexpr int kBlock = softmax::kBwdWarpBlock;
+  softmax::softmax_bwd_warp_kernel<T, kWarps><<<warp_row_grid<kBlock, kWarps>(p.rows), kBlock, 0, stream>>>(p);
+}
+template <typename T, int kSplit>
+bool launch_bwd_warp_cluster(const SoftmaxBwdParams& p, cudaStream_t stream, cudaError_t* err) {
+  return launch_warp_cluster<softmax::softmax_bwd_warp_kernel<T, 8, kSplit>, kSplit, softmax::kBwdWarpBlock>(
+      p, stream, err);
+}
+
 template <typename T>
-bool launch_bwd_warp(const SoftmaxBwdParams& p, cudaStream_t stream) {
-  if constexpr (sizeof(T) == sizeof(float)) {
-    return false;
-  } else {
-    constexpr int kMaxVecs = 16;
-    constexpr int64_t kMaxVectors = softmax::kWarp * kMaxVecs, kMinVectors = kMaxVectors / 4 + 1;
-    const int64_t vectors = p.cols / Vec<T>::kN;
-    if (vectors < kMinVectors || vectors > kMaxVectors) return false;
-    const unsigned grid = warp_row_grid<softmax::kBwdWarpBlock>(p.rows);
-    if (vectors <= kMaxVectors / 2)
-      softmax::softmax_bwd_warp_kernel<T, kMaxVecs / 2><<<grid, softmax::kBwdWarpBlock, 0, stream>>>(p);
-    else
-      softmax::softmax_bwd_warp_kernel<T, kMaxVecs><<<grid, softmax::kBwdWarpBlock, 0, stream>>>(p);
-    return true;
-  }
+bool launch_bwd_warp(const SoftmaxBwdParams& p, cudaStream_t stream, cudaError_t* err) {
+  const int64_t vectors = p.cols / Vec<T>::kN;
+  if (vectors < 129 || vectors > 16384) return false;
+  if (vectors <= 256) launch_bwd_warp_vecs<T, 1>(p, stream);
+  else if (vectors <= 512) launch_bwd_warp_vecs<T, 2>(p, stream);
+  else if (vectors <= 1024) launch_bwd_warp_vecs<T, 4>(p, stream);
+  else if (vectors <= 2048) launch_bwd_warp_vecs<T, 8>(p, stream);
+  else if (vectors <= 4096) return launch_bwd_warp_cluster<T, 2>(p, stream, err);
+  else if (vectors <= 8192) return launch_bwd_warp_cluster<T, 4>(p, stream, err);
+  else return launch_bwd_warp_cluster<T, 8>(p, stream, err);
+  return true;
 }
 
 template <typename T>
 cudaError_t bwd_typed(const SoftmaxBwdParams& p, cudaStream_t stream) {
   const bool vec = all_aligned({p.y, p.dy, p.dx});
   const bool whole_vectors = vec && p.cols % Vec<T>::kN == 0;
-  if (whole_vectors && launch_bwd_warp<T>(p, stream)) return cudaGetLastError();
-  const Config cfg =
-      whole_vectors ? pick_config(p.cols / Vec<T>::kN, true, sizeof(T) == sizeof(float)) : Config{};
   cudaError_t err = cudaSuccess;
+  if (whole_vectors && launch_bwd_warp<T>(p, stream, &err)) return err != cudaSuccess ? err : cudaGetLastError();
+  const Config cfg = whole_vectors ? pick_bwd_config(p.cols / Vec<T>::kN) : Config{};
   bool ran = false;
   switch (config_key(cfg.group, cfg.vecs, cfg.split)) {
     JAXCRAFT_BWD_ROWS_CASE(32, 1, 1)
     JAXCRAFT_BWD_ROWS_CASE(32, 2, 1)
     JAXCRAFT_BWD_ROWS_CASE(64, 2, 1)
-    JAXCRAFT_BWD_ROWS_CASE(128, 2, 1)
-    JAXCRAFT_BWD_ROWS_CASE(256, 2, 1)
-    JAXCRAFT_BWD_ROWS_CASE(512, 2, 1)
-    JAXCRAFT_BWD_ROWS_CASE(1024, 2, 1)
-    JAXCRAFT_BWD_ROWS_CASE(512, 2, 4)
-    JAXCRAFT_BWD_ROWS_CASE(512, 4, 4)
-    JAXCRAFT_BWD_ROWS_CASE(512, 4, 8)
     JAXCRAFT_BWD_ROWS_CASE(512, 4, 16)
     default: break;
   }

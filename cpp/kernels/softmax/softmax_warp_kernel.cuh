@@ -1,12 +1,12 @@
-// Softmax with one warp (forward: one to eight warps, and past one block a
-// cluster of such blocks) per row and the row held in registers as stored.
-// Forward: unmasked rows of up to 32 x kVecs 16-byte vectors per warp
-// (kVecs <= 32: 128 registers of row per lane). No shared memory and no
-// barrier for a one-warp row: a warp loads its whole row at once, reduces
+// Softmax with one to eight warps (and past one block a cluster of such
+// blocks) per row and the row held in registers as stored. Forward:
+// unmasked rows of up to 32 x kVecs 16-byte vectors per warp (kVecs <= 32:
+// 128 registers of row per lane); backward: y and dy, 8 vectors of each per
+// lane. No shared memory and no barrier for a one-warp row: a warp loads its whole row at once, reduces
 // the max and then the sum by shuffles and writes y, while the SM's other
 // warps keep their loads in flight. A row over several warps adds one named
-// barrier over those warps, for their (max, sum) pairs, and a row over a
-// cluster one cluster barrier. The rows kernels at these widths give a row
+// barrier over those warps, for their (max, sum) pairs (backward: the sum
+// of y dy), and a row over a cluster one cluster barrier. The rows kernels at these widths give a row
 // to a block of 64-1024 threads, with a block barrier per reduction and the
 // rows staged through shared memory (bench/NOTES.md). Each exponential is
 // computed twice, for the sum and for y: holding exp(x - max) in float32
@@ -64,43 +64,76 @@ __device__ __forceinline__ void for_pairs(F f) {
 template <int kVecs>
 constexpr int kFwdWarpBlock = kVecs <= 16 ? kNarrowBlock : 128;
 
-// The row's (max, sum) over its kWarps warps, in every lane. Each warp has
-// exponentiated against its own max m (sum s); the pairs meet in `slots`
-// (one per warp of the block) after one barrier over the row's warps
-// (named barrier 1 + the row's group in the block), and every warp merges
-// them (merge_pairs: the same bits in each).
-template <int kWarps>
-__device__ __forceinline__ float2 merge_row_pairs(float m, float s, float2* slots) {
-  if constexpr (kWarps == 1) {
-    return make_float2(m, s);
-  } else {
-    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, first = warp - warp % kWarps;
-    if (lane == 0) slots[warp] = make_float2(m, s);
-    asm volatile("bar.sync %0, %1;" ::"r"(1 + warp / kWarps), "r"(kWarps * kWarp) : "memory");
-    return merge_pairs<kWarps>(lane < kWarps ? slots[first + lane] : make_float2(-CUDART_INF_F, 0.f));
-  }
+// Publishes this warp's value in slots[warp] (one slot per warp of the
+// block) and waits for the row's other kWarps - 1 warps (named barrier 1 +
+// the row's group in the block); returns the row's first slot.
+template <int kWarps, typename V>
+__device__ __forceinline__ const V* share_row_warps(V v, V* slots) {
+  const int warp = threadIdx.x / kWarp;
+  if (threadIdx.x % kWarp == 0) slots[warp] = v;
+  asm volatile("bar.sync %0, %1;" ::"r"(1 + warp / kWarps), "r"(kWarps * kWarp) : "memory");
+  return slots + (warp - warp % kWarps);
 }
 
-// The CTA's (max, sum) merged with its kSplit - 1 peers' (sm_90 clusters of
-// one-row blocks): threads 0..kSplit-1 push it into slot `rank` of every
-// CTA's `cta_slots` once every peer has started (the launch's arrival,
-// waited on here), and after the cluster barrier every CTA merges the
-// kSplit pairs (the same bits). No CTA touches a peer after that barrier.
+// Cluster kernels (kSplit > 1) arrive at the cluster barrier as they start
+// and wait before their first remote store (share_cluster): every peer must
+// have started by then, and the row's loads hide the wait.
 template <int kSplit>
-__device__ __forceinline__ float2 merge_cluster_pairs(float2 pair, float2* cta_slots) {
-  if constexpr (kSplit == 1) {
-    return pair;
-  } else {
+__device__ __forceinline__ void arrive_cluster_started() {
 #if JAXCRAFT_NORM_HAS_CLUSTERS
-    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
-    if (threadIdx.x < kSplit)
-      *cooperative_groups::this_cluster().map_shared_rank(cta_slots + norm::cluster_rank<kSplit>(),
-                                                          static_cast<int>(threadIdx.x)) = pair;
+  if constexpr (kSplit > 1) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 #endif
-    norm::cluster_sync();
-    const int lane = threadIdx.x % kWarp;
-    return merge_pairs<kSplit>(lane < kSplit ? cta_slots[lane] : make_float2(-CUDART_INF_F, 0.f));
+}
+
+// Threads 0..kSplit-1 push the CTA's value into slot `rank` of every CTA's
+// `cta_slots` (sm_90 clusters of one-row blocks), and every CTA waits at the
+// cluster barrier, after which its slots hold the kSplit values. No CTA
+// touches a peer after that barrier.
+template <int kSplit, typename V>
+__device__ __forceinline__ void share_cluster(V v, V* cta_slots) {
+#if JAXCRAFT_NORM_HAS_CLUSTERS
+  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+  if (threadIdx.x < kSplit)
+    *cooperative_groups::this_cluster().map_shared_rank(cta_slots + norm::cluster_rank<kSplit>(),
+                                                        static_cast<int>(threadIdx.x)) = v;
+#endif
+  norm::cluster_sync();
+}
+
+// The row's (max, sum) over its kWarps warps and kSplit CTAs, in every lane.
+// Each warp has exponentiated against its own max m (sum s); every warp
+// merges the warps' pairs, then the CTAs' (merge_pairs: the same bits in
+// each).
+template <int kWarps, int kSplit>
+__device__ __forceinline__ float2 merge_row_pairs(float m, float s, float2* slots, float2* cta_slots) {
+  const int lane = threadIdx.x % kWarp;
+  const float2 none = make_float2(-CUDART_INF_F, 0.f);
+  float2 pair = make_float2(m, s);
+  if constexpr (kWarps > 1) {
+    const float2* row = share_row_warps<kWarps>(pair, slots);
+    pair = merge_pairs<kWarps>(lane < kWarps ? row[lane] : none);
   }
+  if constexpr (kSplit > 1) {
+    share_cluster<kSplit>(pair, cta_slots);
+    pair = merge_pairs<kSplit>(lane < kSplit ? cta_slots[lane] : none);
+  }
+  return pair;
+}
+
+// The row's sum of the warps' sums v over its kWarps warps and kSplit CTAs,
+// the same bits in every lane (warp_allreduce).
+template <int kWarps, int kSplit>
+__device__ __forceinline__ float sum_row(float v, float* slots, float* cta_slots) {
+  const int lane = threadIdx.x % kWarp;
+  if constexpr (kWarps > 1) {
+    const float* row = share_row_warps<kWarps>(v, slots);
+    v = warp_allreduce<kWarps>(lane < kWarps ? row[lane] : 0.f, Sum{});
+  }
+  if constexpr (kSplit > 1) {
+    share_cluster<kSplit>(v, cta_slots);
+    v = warp_allreduce<kSplit>(lane < kSplit ? cta_slots[lane] : 0.f, Sum{});
+  }
+  return v;
 }
 
 template <typename T, int kVecs, int kWarps, int kSplit = 1>
@@ -110,11 +143,7 @@ __global__ void __launch_bounds__(kFwdWarpBlock<kVecs>, 3)
   static_assert(kBlock % (kWarps * kWarp) == 0, "a block holds whole rows");
   __shared__ float2 slots[kBlock / kWarp];
   __shared__ float2 cta_slots[kSplit];
-#if JAXCRAFT_NORM_HAS_CLUSTERS
-  // Arrive now, wait before the first remote store (merge_cluster_pairs):
-  // every peer must have started by then, and the loads hide the wait.
-  if constexpr (kSplit > 1) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-#endif
+  arrive_cluster_started<kSplit>();
   const WarpRow<T, kBlock, kWarps * kWarp, kSplit> w(p.cols);
   if (w.row >= p.rows) return;  // the row's whole group (cluster: never, the grid is exact)
   const T* x = static_cast<const T*>(p.x) + w.first(p.cols);
@@ -140,8 +169,7 @@ __global__ void __launch_bounds__(kFwdWarpBlock<kVecs>, 3)
       s += exp_shifted<T>(e.y, m, m_log2e);
     });
   });
-  const float2 row =
-      merge_cluster_pairs<kSplit>(merge_row_pairs<kWarps>(m, warp_allreduce<kWarp>(s, Sum{}), slots), cta_slots);
+  const float2 row = merge_row_pairs<kWarps, kSplit>(m, warp_allreduce<kWarp>(s, Sum{}), slots, cta_slots);
   m = row.x;
   m_log2e = m * kLog2e;
   const float inv = 1.f / row.y;
@@ -156,16 +184,24 @@ __global__ void __launch_bounds__(kFwdWarpBlock<kVecs>, 3)
   });
 }
 
-// The backward on the same layout: y and dy held as stored (16-bit rows of
-// 4096 columns: 128 registers), dx = y (dy - sum(y dy)) with the dot reduced
-// by shuffles. kBwdWarpBlock-thread blocks: at ~160 registers three of them
-// (12 warps) fit an SM where one 256-thread block would.
-constexpr int kBwdWarpBlock = 128;
+// The backward on the same layout: y and dy held as stored, kBwdVecs
+// vectors of each per lane (64 registers of row), dx = y (dy - sum(y dy))
+// with the dot reduced by shuffles, then over the row's kWarps warps and
+// kSplit CTAs (sum_row). 256-thread blocks, three per SM under the
+// register cap (80 registers, no spill).
+constexpr int kBwdVecs = 8;
+constexpr int kBwdWarpBlock = kNarrowBlock;
 
-template <typename T, int kVecs>
-__global__ void __launch_bounds__(kBwdWarpBlock) softmax_bwd_warp_kernel(const SoftmaxBwdParams p) {
-  const WarpRow<T, kBwdWarpBlock> w(p.cols);
-  if (w.row >= p.rows) return;  // the whole warp
+template <typename T, int kWarps, int kSplit = 1>
+__global__ void __launch_bounds__(kBwdWarpBlock, 3) softmax_bwd_warp_kernel(const SoftmaxBwdParams p) {
+  constexpr int kBlock = kBwdWarpBlock;
+  constexpr int kVecs = kBwdVecs;
+  static_assert(kBlock % (kWarps * kWarp) == 0, "a block holds whole rows");
+  __shared__ float slots[kBlock / kWarp];
+  __shared__ float cta_slots[kSplit];
+  arrive_cluster_started<kSplit>();
+  const WarpRow<T, kBlock, kWarps * kWarp, kSplit> w(p.cols);
+  if (w.row >= p.rows) return;  // the row's whole group (cluster: never, the grid is exact)
   const int64_t first = w.first(p.cols);
   const T* y = static_cast<const T*>(p.y) + first;
   const T* dy = static_cast<const T*>(p.dy) + first;
@@ -177,7 +213,7 @@ __global__ void __launch_bounds__(kBwdWarpBlock) softmax_bwd_warp_kernel(const S
   });
   float dot = 0.f;
   w.template for_owned<kVecs>([&](int i) { dot = add_dot(yv[i], gv[i], dot); });
-  dot = warp_allreduce<kWarp>(dot, Sum{});
+  dot = sum_row<kWarps, kSplit>(warp_allreduce<kWarp>(dot, Sum{}), slots, cta_slots);
   w.template for_owned<kVecs>([&](int i) { store_vec(dx + w.kStride * i, softmax_grad(yv[i], gv[i], dot)); });
 }
 
