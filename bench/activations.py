@@ -32,7 +32,7 @@ import jax.numpy as jnp
 
 import jaxcraft
 from specs import ACTIVATION_SMOKE_SPECS, ACTIVATION_SPECS, ActivationSpec
-from timing import time_step
+from timing import kernel_fields, time_step
 
 DTYPE = jnp.bfloat16
 D_MODEL = 1024  # the "mlp fwd" mode's model width
@@ -160,8 +160,8 @@ def _mlp_train_step(fn):
 
 
 def run(bandwidth: float, specs=None):
+  smoke = os.environ.get("JAXCRAFT_BENCH_ACTIVATIONS_SMOKE") == "1"
   if specs is None:
-    smoke = os.environ.get("JAXCRAFT_BENCH_ACTIVATIONS_SMOKE") == "1"
     specs = ACTIVATION_SMOKE_SPECS if smoke else ACTIVATION_SPECS
   # JAXCRAFT_BENCH_ACTIVATION_OPS=gelu,bias_gelu / JAXCRAFT_BENCH_MODES=fwd,bwd:
   # a part of the table (the whole one takes over two minutes on the H200).
@@ -171,13 +171,14 @@ def run(bandwidth: float, specs=None):
   modes = modes.split(",") if modes else None
   rows = []
 
-  def record(spec, name, mode, sec, nbytes):
+  def record(spec, name, mode, sec, nbytes, kernel=({}, "")):
     row = dict(op=spec.op, shape=spec.name, impl=name, mode=mode, us=sec * 1e6,
                gbps=nbytes / sec / 1e9 if nbytes else None,
-               pct_copy=100 * nbytes / sec / bandwidth if nbytes else None)
+               pct_copy=100 * nbytes / sec / bandwidth if nbytes else None, **kernel[0])
     rows.append(row)
     rate = f"{row['gbps']:7.0f} GB/s {row['pct_copy']:5.1f}%" if nbytes else ""
-    print(f"  {spec.op:10s} {spec.name:12s} {name:9s} {mode:8s} {row['us']:9.1f} us {rate}", flush=True)
+    print(f"  {spec.op:10s} {spec.name:12s} {name:9s} {mode:8s} {row['us']:9.1f} us {rate}{kernel[1]}",
+          flush=True)
 
   for spec in specs:
     k = jax.random.split(jax.random.key(0), 6)
@@ -211,5 +212,14 @@ def run(bandwidth: float, specs=None):
         except Exception as e:  # noqa: BLE001 - a peer that fails is reported, not fatal
           print(f"  {spec.op} {name} {mode} {spec.name}: failed: {type(e).__name__}: {str(e)[:160]}")
           continue
-        record(spec, name, mode, sec, nbytes)
+        # The forced kernel's own time (profiler trace): the chains' glue (the
+        # one-element updates above) and, with a bias, XLA's sum of the
+        # partial bias gradients are not in it.
+        kernel = ({}, "")
+        if name == "jaxcraft" and mode in ("fwd", "bwd") and not smoke:
+          step, carry, consts = ((_fwd_step(fn, spec), x, (b,)) if mode == "fwd"
+                                 else (_bwd_step, dy, (_vjp(fn, spec, x, b),)))
+          kernel = kernel_fields(step, carry, *consts, match=f"activation_{mode}_kernel", nbytes=nbytes,
+                                 bandwidth=bandwidth)
+        record(spec, name, mode, sec, nbytes, kernel)
   return rows

@@ -5,7 +5,10 @@ formulas of specs.EmbeddingSpec and % of the copy ceiling.
 Forward step: the previous step's output feeds the next step's ids (ids +
 (out[:, 0] == marker), the marker an argument XLA cannot fold), so every
 step's output must be computed in full; the column read is 0.1-1% of the
-step's bytes. Fwd+bwd step: the table's gradient becomes the next table.
+step's bytes, but the glue is a kernel of its own (a few us between two
+lookups of ~75 us); jaxcraft's forward rows also carry the lookup kernel's
+own time from a profiler trace (kernel_us, kernel_pct_copy). Fwd+bwd step:
+the table's gradient becomes the next table.
 JAXCRAFT_BENCH_SMOKE=1: tiny shapes (CPU plumbing check).
 """
 
@@ -19,7 +22,7 @@ import jax.numpy as jnp
 import jaxcraft
 from jaxcraft.ops import embedding as emb
 from specs import EMBEDDING_SMOKE_SPECS, EMBEDDING_SPECS
-from timing import time_step
+from timing import kernel_fields, time_step
 
 def ids_for(spec, key):
   """Uniform ids, or with `skew`: that fraction drawn from `hot` rows."""
@@ -78,6 +81,11 @@ def run(bandwidth: float, specs=None):
           continue
         rows.append(dict(op="embedding", shape=spec.name, impl=name, mode=mode, us=sec * 1e6,
                          gbps=nbytes / sec / 1e9, pct_copy=100 * nbytes / sec / bandwidth))
+        kernel = ""
+        if name == "jaxcraft" and mode == "fwd" and not smoke:
+          fields, kernel = kernel_fields(make(fn), carry, *consts, match="lookup_kernel", nbytes=nbytes,
+                                         bandwidth=bandwidth)
+          rows[-1].update(fields)
         print(f"  {spec.name:28s} {name:12s} {mode:8s} {rows[-1]['us']:9.1f} us "
-              f"{rows[-1]['gbps']:7.0f} GB/s {rows[-1]['pct_copy']:5.1f}%", flush=True)
+              f"{rows[-1]['gbps']:7.0f} GB/s {rows[-1]['pct_copy']:5.1f}%{kernel}", flush=True)
   return rows

@@ -86,6 +86,36 @@ def time_step(step, carry, *consts, custom_call=True, short=2, long=12, reps=5,
   return float(np.median(samples))
 
 
+def kernel_seconds(step, carry, *consts, match: str, n: int = 8) -> float:
+  """GPU seconds per step in the kernels whose names contain `match`, from a
+  profiler trace of an unrolled chain of `n` steps: the op's own kernel
+  without the glue a chain may need to feed an output back as an input
+  (time_step counts that glue, a small XLA fusion and its launch)."""
+  import tempfile
+
+  from kernel_trace import trace_kernels
+  chain = _chain(step, n, True)
+  run_once = lambda: jax.block_until_ready(chain(carry, *consts))
+  run_once()  # compile + warm up outside the trace
+  with tempfile.TemporaryDirectory() as trace_dir:
+    rows, _, _ = trace_kernels(run_once, trace_dir)
+  us = sum(us for name, us, _ in rows if match in name)
+  if not us:
+    raise RuntimeError(f"no kernel named *{match}* in the trace: {[r[0][:60] for r in rows]}")
+  return us / n * 1e-6
+
+
+def kernel_fields(step, carry, *consts, match: str, nbytes: int, bandwidth: float):
+  """kernel_seconds as a result row's fields (kernel_us, kernel_pct_copy)
+  and a note to print; a failed trace gives no fields and says why."""
+  try:
+    sec = kernel_seconds(step, carry, *consts, match=match)
+  except Exception as e:  # noqa: BLE001 - the trace is extra; the row stands without it
+    return {}, f"  (kernel trace failed: {type(e).__name__}: {str(e)[:160]})"
+  pct = 100 * nbytes / sec / bandwidth
+  return dict(kernel_us=sec * 1e6, kernel_pct_copy=pct), f"  (kernel {sec * 1e6:.1f} us, {pct:.1f}%)"
+
+
 def copy_bandwidth(nbytes=1 << 30) -> float:
   """The device's read+write bandwidth in bytes/s: an elementwise bitwise
   NOT over a large uint32 array (one read and one write per element). On
