@@ -97,14 +97,16 @@ def test_non_finite_entries_match_jax(platform):
                                jax.nn.softmax(x, where=w), rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("cols", [8192, 16384, 131072])
-def test_non_finite_wide_rows_match_jax(platform, cols):
+@pytest.mark.parametrize("dtype,cols", [(F32, 8192), (F32, 16384), (F32, 131072), (jnp.bfloat16, 65536)])
+def test_non_finite_wide_rows_match_jax(platform, dtype, cols):
   """Rows wider than a warp (CUDA: two to eight warps unmasked, one block
-  masked, or a cluster at 128K): warps whose values are all -inf or masked
-  out inside a finite row, an all -inf row, a row that keeps only -inf
-  entries, one that keeps nothing, +inf and NaN entries."""
+  masked, or a cluster at 128K; bfloat16 65536: unmasked, a cluster of two
+  warp-kernel CTAs, the first all -inf in rows 0 and 2): warps whose values
+  are all -inf or masked out inside a finite row, an all -inf row, a row
+  that keeps only -inf entries, one that keeps nothing, +inf and NaN
+  entries. bfloat16 against jax.nn in float32, to half a bfloat16 ulp."""
   inf, nan = np.inf, np.nan
-  x = np.array(random(jax.random.key(12), (8, cols), F32, scale=SCALE))
+  x = np.array(random(jax.random.key(12), (8, cols), F32, scale=SCALE).astype(dtype)).astype(np.float32)
   x[0, : cols // 2] = -inf
   x[1] = -inf
   x[2, : cols // 2] = -inf
@@ -116,9 +118,11 @@ def test_non_finite_wide_rows_match_jax(platform, cols):
   where[3] = False
   where[6, : 3 * cols // 4] = False
   x, where = jnp.asarray(x), jnp.asarray(where)
+  rtol = 1e-5 if dtype == F32 else 2.0 ** -8 + 2e-5  # half an ulp of bfloat16, relative, plus float32 math
   for w in (None, where):
-    np.testing.assert_allclose(jaxcraft.softmax(x, where=w, implementation=platform),
-                               jax.nn.softmax(x, where=w), rtol=1e-5, atol=1e-9)
+    out = jaxcraft.softmax(x.astype(dtype), where=w, implementation=platform)
+    assert out.dtype == dtype
+    np.testing.assert_allclose(out.astype(F32), jax.nn.softmax(x, where=w), rtol=rtol, atol=1e-9)
 
 
 @pytest.mark.parametrize("axis", [0, 1, -2, (1, 2), None])
