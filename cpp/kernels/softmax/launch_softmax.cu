@@ -219,8 +219,8 @@ bool launch_rows(int stage_bytes, const Params& p, cudaStream_t stream, cudaErro
           cudaSuccess)
     return true;
   const int smem_limit = optin - kStaticSmemMargin;
-  // 512-thread CTAs in clusters run two per SM (pick_fwd_config): each ring gets
-  // half the shared memory.
+  // 512-thread CTAs in clusters run two per SM (pick_fwd_config,
+  // pick_bwd_config): each ring gets half the shared memory.
   constexpr bool kTwoPerSm = kSplit > 1 && kThreads == 512;
   const int ring_limit = kTwoPerSm ? optin / 2 - kStaticSmemMargin : smem_limit;
   const int stages = std::min(kRingStages, ring_limit / stage_bytes);
@@ -399,7 +399,8 @@ cudaError_t fwd_typed(const SoftmaxFwdParams& p, cudaStream_t stream) {
 // H200 (thirty-third session; bench/NOTES.md): bf16 [4k, 128k] 860 -> 762
 // us (88% -> 99.6% of copy), [16k, 32k] 811 -> 734, [16k, 8k] 206 -> 187;
 // f32 [16k, 8k] 394 -> 371, [16k, 32k] 1551 -> 1462; bf16 [16k, 4k] 96.0
-// -> 95.7. False, launching nothing, for any other row.
+// -> 95.7. False, launching nothing, for any other row and where clusters
+// cannot run.
 template <typename T, int kWarps>
 void launch_bwd_warp_vecs(const SoftmaxBwdParams& p, cudaStream_t stream) {
   constexpr int kBlock = softmax::kBwdWarpBlock;
