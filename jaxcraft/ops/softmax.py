@@ -69,8 +69,9 @@ PASSES = ("fwd", "bwd")
 
 
 # The widest rows (bytes: forward, backward) one block holds (the forward's
-# rows kernel, the backward's warp kernel of eight warps). Wider rows split over thread-block clusters (sm_90+); on a GPU
-# without them they stream from global memory twice, slower than XLA.
+# rows kernel, the backward's warp kernel of eight warps). Wider rows split
+# over thread-block clusters (sm_90+); on a GPU without them they stream
+# from global memory twice, slower than XLA.
 BLOCK_ROW_BYTES = (64 * 1024, 32 * 1024)
 
 

@@ -2,13 +2,14 @@
 // blocks) per row and the row held in registers as stored. Forward:
 // unmasked rows of up to 32 x kVecs 16-byte vectors per warp (kVecs <= 32:
 // 128 registers of row per lane); backward: y and dy, 8 vectors of each per
-// lane. No shared memory and no barrier for a one-warp row: a warp loads its whole row at once, reduces
-// the max and then the sum by shuffles and writes y, while the SM's other
-// warps keep their loads in flight. A row over several warps adds one named
-// barrier over those warps, for their (max, sum) pairs (backward: the sum
-// of y dy), and a row over a cluster one cluster barrier. The rows kernels at these widths give a row
-// to a block of 64-1024 threads, with a block barrier per reduction and the
-// rows staged through shared memory (bench/NOTES.md). Each exponential is
+// lane. No shared memory and no barrier for a one-warp row: a warp loads
+// its whole row at once, reduces the max and then the sum by shuffles and
+// writes y, while the SM's other warps keep their loads in flight. A row
+// over several warps adds one named barrier over those warps, for their
+// (max, sum) pairs (backward: the sum of y dy), and a row over a cluster one
+// cluster barrier. The rows kernels at these widths give a row to a block
+// of 64-1024 threads, with a block barrier per reduction and the rows
+// staged through shared memory (bench/NOTES.md). Each exponential is
 // computed twice, for the sum and for y: holding exp(x - max) in float32
 // would take twice the registers of a 16-bit row.
 #pragma once

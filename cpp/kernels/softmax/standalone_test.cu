@@ -236,22 +236,20 @@ int main(int argc, char** argv) {
   // threads per row, bf16: 8 columns per vector); past the register limit
   // (stream kernel, 256 and 1024 threads per row); a ~50K vocabulary and a
   // 128K one (sm_90: clusters of 2-16 blocks; the unmasked 16-bit forward
-  // four warp-kernel blocks);
-  // more rows than one grid covers (grid-stride), and more rows than the
-  // resident blocks (clusters) of the rows kernels hold (each walks several
-  // rows through its ring, masked at 2048 and 65536 columns); a width the
-  // warp-per-row forward covers with partly filled lanes (3000); 40 rows
-  // of 128K columns (f32 backward: clusters of four-vector blocks, each
-  // walking rows through a one-stage ring); 131080 columns (16 bits: the
-  // same four-vector clusters backward, eight warp-kernel blocks forward;
-  // f32: past them, streamed); 6000 columns (the
-  // 16-bit forward on four warps, partly filled);
-  // 100000 columns (f32 forward: clusters of four eight-vector blocks,
-  // partly filled); 262144 columns (16 bits: the forward on eight
-  // warp-kernel CTAs per row, masked on eight 1024-thread ones; f32:
-  // streamed); 10000
-  // and 20000 columns (the 16-bit forward on eight warps of 8 and of 16
-  // vectors per lane, float32 10000 on four warps of 32; partly filled).
+  // four warp-kernel blocks); more rows than one grid covers (grid-stride),
+  // and more rows than the resident blocks (clusters) of the rows kernels
+  // hold (each walks several rows through its ring, masked at 2048 and 65536
+  // columns); a width the warp-per-row forward covers with partly filled
+  // lanes (3000); 40 rows of 128K columns (f32 backward: clusters of
+  // four-vector blocks, each walking rows through a one-stage ring); 131080
+  // columns (16 bits: the same four-vector clusters backward, eight
+  // warp-kernel blocks forward; f32: past them, streamed); 6000 columns (the
+  // 16-bit forward on four warps, partly filled); 100000 columns (f32
+  // forward: clusters of four eight-vector blocks, partly filled); 262144
+  // columns (16 bits: the forward on eight warp-kernel CTAs per row, masked
+  // on eight 1024-thread ones; f32: streamed); 10000 and 20000 columns (the
+  // 16-bit forward on eight warps of 8 and of 16 vectors per lane, float32
+  // 10000 on four warps of 32; partly filled).
   const int64_t kShapes[][2] = {{1, 1},     {3, 7},       {5, 8},       {2, 257},    {67, 96},
                                 {9, 1000},  {4, 2048},    {3, 4096},    {3, 4097},   {2, 8192},
                                 {2, 16384}, {2, 32768},   {2, 50257},   {2, 131072}, {70000, 16},
