@@ -51,11 +51,41 @@ struct Layout {
   int shift;  // log2(group)
   __device__ int group() const { return 1 << shift; }
   __device__ int lane() const { return threadIdx.x & ((1 << shift) - 1); }
-  __device__ int64_t first_row() const {
-    return int64_t(blockIdx.x) * (kBlockThreads >> shift) + (threadIdx.x >> shift);
+  // The first row of a grid-stride walk by block `block` of `blocks`, and its step.
+  __device__ int64_t first(int64_t block) const {
+    return block * (kBlockThreads >> shift) + (threadIdx.x >> shift);
   }
-  __device__ int64_t row_stride() const { return int64_t(gridDim.x) * (kBlockThreads >> shift); }
+  __device__ int64_t stride(int64_t blocks) const { return blocks * (kBlockThreads >> shift); }
+  __device__ int64_t first_row() const { return first(blockIdx.x); }
+  __device__ int64_t row_stride() const { return stride(gridDim.x); }
 };
+
+// The backward's table pass in two phases: blocks [0, touched_blocks) write
+// the rows some id reads, walking the ids (or the sorted runs), and the
+// blocks after them write the zero rows. Blocks start roughly in index
+// order, so the pass reads dout first and then streams pure writes: with the
+// reads mixed among the writes, a 1 GiB table pass was ~10% slower on the
+// H200 (bench/NOTES.md, thirty-fourth session).
+struct TablePhases {
+  int64_t touched_blocks;
+  __device__ bool touched() const { return blockIdx.x < touched_blocks; }
+  __device__ int64_t zero_block() const { return blockIdx.x - touched_blocks; }
+  __device__ int64_t zero_blocks() const { return gridDim.x - touched_blocks; }
+};
+
+// The zero phase: table rows r with empty(r) become zeros.
+template <typename T, int kN, class Empty>
+__device__ __forceinline__ void write_zero_rows(const TablePhases& ph, const Layout& l, int64_t rows,
+                                                int64_t packs, Pack<T, kN>* __restrict__ dtable,
+                                                Empty empty) {
+  Pack<T, kN> zero;
+#pragma unroll
+  for (int j = 0; j < kN; ++j) zero.v[j] = from_f32<T>(0.f);
+  for (int64_t r = l.first(ph.zero_block()); r < rows; r += l.stride(ph.zero_blocks())) {
+    if (!empty(r)) continue;
+    for (int64_t c = l.lane(); c < packs; c += l.group()) dtable[r * packs + c] = zero;
+  }
+}
 
 // Adds kN floats at p (16-byte aligned when kN == 4) without reading back:
 // sm_90 has a vector reduction (one L2 request for 4 floats).
@@ -132,6 +162,40 @@ __device__ __forceinline__ void store_rounded(Pack<T, kN>* dst, int64_t packs, i
       for (int e = 0; e < kN; ++e) out.v[e] = from_f32<T>(acc[u][e]);
       dst[c0 + u * group] = out;
     }
+  }
+}
+
+// Ids a first-phase block of the table pass takes per round (block_pick):
+// 4 and 8 were equally fast on the H200, 16 and 32 up to 7% slower
+// (float32 tables: fewer rows in flight per SM).
+constexpr int kTouchedIds = 8;
+
+// Warp 0 tests up to 32 consecutive ids (or sorted positions) from i0 at
+// once, so that their index loads are in flight together; keep(i, j) says
+// whether the block works on id i (and may leave what it needs in shared
+// slots [j]). Every thread of the block gets the mask of kept lanes j.
+template <class Keep>
+__device__ __forceinline__ uint32_t block_pick(int64_t i0, int64_t n, int count, Keep keep) {
+  __shared__ uint32_t picked;
+  if (threadIdx.x < 32) {
+    const int64_t i = i0 + threadIdx.x;
+    const bool k = int(threadIdx.x) < count && i < n && keep(i, int(threadIdx.x));
+    const uint32_t mask = __ballot_sync(0xffffffffu, k);
+    if (threadIdx.x == 0) picked = mask;
+  }
+  __syncthreads();
+  return picked;
+}
+
+// Hands the picked lanes to the block's row slots in turn: slot s takes the
+// s-th, (s + slots)-th, ... set bit of mask.
+template <class Each>
+__device__ __forceinline__ void for_each_picked(uint32_t mask, const Layout& l, Each each) {
+  const int slots = kBlockThreads >> l.shift, slot = threadIdx.x >> l.shift;
+  for (int k = 0; mask != 0u; ++k) {
+    const int j = __ffs(mask) - 1;
+    mask &= mask - 1;
+    if (k % slots == slot) each(j);
   }
 }
 
@@ -227,32 +291,16 @@ __global__ void __launch_bounds__(kBlockThreads) accumulate_kernel(EmbeddingBwdP
   const P* __restrict__ dout = static_cast<const P*>(p.dout);
   const ChainIndex x(p);
   __shared__ int32_t hot_row[kAccumulateIds], hot_anchor[kAccumulateIds];
-  __shared__ uint32_t hot_mask;
-  const int slots = kBlockThreads >> l.shift;
-  const int slot = threadIdx.x >> l.shift;
   for (int64_t i0 = int64_t(blockIdx.x) * kAccumulateIds; i0 < p.num_ids;
        i0 += int64_t(gridDim.x) * kAccumulateIds) {
-    if (threadIdx.x < 32) {  // warp 0
-      const int64_t i = i0 + threadIdx.x;
-      bool hot = false;
-      if (threadIdx.x < kAccumulateIds && i < p.num_ids) {
-        const int64_t r = embedding_row(p.ids[i], p.rows, p.mode);
-        hot = r < p.rows && x.count[r] > kEmbeddingChain;
-        if (hot) {
-          hot_row[threadIdx.x] = int32_t(r);
-          hot_anchor[threadIdx.x] = x.anchor[r];
-        }
-      }
-      const uint32_t mask = __ballot_sync(0xffffffffu, hot);
-      if (threadIdx.x == 0) hot_mask = mask;
-    }
-    __syncthreads();
-    // The hot ids, one per row slot of the block in turn.
-    uint32_t mask = hot_mask;
-    for (int k = 0; mask != 0u; ++k) {
-      const int j = __ffs(mask) - 1;
-      mask &= mask - 1;
-      if (k % slots != slot) continue;
+    const uint32_t mask = block_pick(i0, p.num_ids, kAccumulateIds, [&](int64_t i, int j) {
+      const int64_t r = embedding_row(p.ids[i], p.rows, p.mode);
+      if (r >= p.rows || x.count[r] <= kEmbeddingChain) return false;
+      hot_row[j] = int32_t(r);
+      hot_anchor[j] = x.anchor[r];
+      return true;
+    });
+    for_each_picked(mask, l, [&](int j) {
       float* dst = hot_sums<T>(p, hot_row[j], hot_anchor[j]);
       const int64_t src = (i0 + j) * packs;
       for (int64_t c = l.lane(); c < packs; c += l.group()) {
@@ -260,54 +308,65 @@ __global__ void __launch_bounds__(kBlockThreads) accumulate_kernel(EmbeddingBwdP
         unpack(dout[src + c], v);
         red_add(dst + c * kN, v);
       }
-    }
-    __syncthreads();  // hot_mask, hot_row and hot_anchor are rewritten next round
+    });
+    __syncthreads();  // the shared slots are rewritten next round
   }
 }
 
-// Step 3: every table row once: zeros (no id), the head's dout row (one id:
-// the float32 sum of one term is that term), the sum along the row's chain,
-// or the hot row's sums, rounded (float32 tables: already in place).
+// Step 3: every table row once, in two phases (TablePhases). The rows some
+// id reads, each by its head id: the head's dout row (one id: the float32
+// sum of one term is that term), the sum along the row's chain, or the hot
+// row's sums, rounded (float32 tables: already in place). Then zeros.
 template <typename T, int kN>
-__global__ void __launch_bounds__(kBlockThreads) finalize_kernel(EmbeddingBwdParams p, Layout l) {
+__global__ void __launch_bounds__(kBlockThreads) finalize_kernel(EmbeddingBwdParams p, Layout l,
+                                                                 TablePhases ph) {
   using P = Pack<T, kN>;
   using F = Pack<float, kN>;
   constexpr bool kF32 = sizeof(T) == sizeof(float);
   const int64_t packs = p.dim / kN;
-  const P* __restrict__ dout = static_cast<const P*>(p.dout);
   P* __restrict__ dtable = static_cast<P*>(p.dtable);
   const ChainIndex x(p);
+  if (!ph.touched()) {
+    write_zero_rows(ph, l, p.rows, packs, dtable, [&](int64_t r) { return x.count[r] == 0; });
+    return;
+  }
+  const P* __restrict__ dout = static_cast<const P*>(p.dout);
   const int group = l.group();
-  for (int64_t r = l.first_row(); r < p.rows; r += l.row_stride()) {
-    const int32_t n = x.count[r];
-    if (n > kEmbeddingChain && kF32) continue;
-    if (n > 1 && n <= kEmbeddingChain) {
-      for (int64_t c0 = l.lane(); c0 < packs; c0 += group * kPacksPerThread) {
-        float acc[kPacksPerThread][kN] = {};
-        add_chain(dout, packs, c0, group, n, x.head[r], x.next, acc);
-        store_rounded(dtable + r * packs, packs, c0, group, acc);
-      }
-      continue;
-    }
-    const int64_t src = n == 1 ? x.head[r] : 0;
-    const F* sums = n > 1 ? reinterpret_cast<const F*>(hot_sums<T>(p, r, x.anchor[r])) : nullptr;
-    for (int64_t c = l.lane(); c < packs; c += group) {
-      P out;
-      if (n == 1) {
-        out = dout[src * packs + c];
-      } else {
-        F v;
-        if (n > 1) {
-          v = sums[c];
-        } else {
+  __shared__ int32_t own_row[kTouchedIds], own_n[kTouchedIds], own_anchor[kTouchedIds];
+  for (int64_t i0 = int64_t(blockIdx.x) * kTouchedIds; i0 < p.num_ids;
+       i0 += ph.touched_blocks * kTouchedIds) {
+    const uint32_t mask = block_pick(i0, p.num_ids, kTouchedIds, [&](int64_t i, int j) {
+      const int64_t r = embedding_row(p.ids[i], p.rows, p.mode);
+      if (r >= p.rows) return false;
+      const int32_t head = x.head[r], n = x.count[r];
+      if (head != i || (kF32 && n > kEmbeddingChain)) return false;  // float32 hot rows: in place
+      own_row[j] = int32_t(r);
+      own_n[j] = n;
+      if (n > kEmbeddingChain) own_anchor[j] = x.anchor[r];
+      return true;
+    });
+    for_each_picked(mask, l, [&](int j) {
+      const int64_t i = i0 + j, n = own_n[j];
+      P* dst = dtable + int64_t(own_row[j]) * packs;
+      if (n > kEmbeddingChain) {
+        const F* sums = reinterpret_cast<const F*>(hot_sums<T>(p, own_row[j], own_anchor[j]));
+        for (int64_t c = l.lane(); c < packs; c += group) {
+          P out;
 #pragma unroll
-          for (int j = 0; j < kN; ++j) v.v[j] = 0.f;
+          for (int e = 0; e < kN; ++e) out.v[e] = from_f32<T>(sums[c].v[e]);
+          dst[c] = out;
         }
-#pragma unroll
-        for (int j = 0; j < kN; ++j) out.v[j] = from_f32<T>(v.v[j]);
+      } else if (n > 1) {
+        for (int64_t c0 = l.lane(); c0 < packs; c0 += group * kPacksPerThread) {
+          float acc[kPacksPerThread][kN] = {};
+          add_chain(dout, packs, c0, group, int32_t(n), int32_t(i), x.next, acc);
+          store_rounded(dst, packs, c0, group, acc);
+        }
+      } else {
+        for (int64_t c = l.lane(); c < packs; c += group) dst[c] = dout[i * packs + c];
       }
-      dtable[r * packs + c] = out;
-    }
+    });
+    __syncthreads();  // the shared slots are rewritten next round
   }
 }
 
@@ -329,23 +388,42 @@ __global__ void __launch_bounds__(kBlockThreads) segment_bounds_kernel(Embedding
 // Each table row sums its run of dout rows in sorted (= position) order,
 // float32, and writes the row once (zeros for an empty run): every dtable
 // element is one fixed sequence of adds, so the result is bit-identical
-// from run to run.
+// from run to run. Two phases (TablePhases): the runs, each by the block
+// slot of its first sorted position, then the zero rows.
 template <typename T, int kN>
-__global__ void __launch_bounds__(kBlockThreads) segment_sum_kernel(EmbeddingBwdParams p, Layout l) {
+__global__ void __launch_bounds__(kBlockThreads) segment_sum_kernel(EmbeddingBwdParams p, Layout l,
+                                                                    TablePhases ph) {
   using P = Pack<T, kN>;
   const int64_t packs = p.dim / kN;
-  const P* __restrict__ dout = static_cast<const P*>(p.dout);
   P* __restrict__ dtable = static_cast<P*>(p.dtable);
+  if (!ph.touched()) {
+    write_zero_rows(ph, l, p.rows, packs, dtable,
+                    [&](int64_t r) { return p.row_index[r] == p.row_index[r + 1]; });
+    return;
+  }
+  const P* __restrict__ dout = static_cast<const P*>(p.dout);
   const int group = l.group();
-  for (int64_t r = l.first_row(); r < p.rows; r += l.row_stride()) {
-    const int64_t begin = p.row_index[r], end = p.row_index[r + 1];
-    for (int64_t c0 = l.lane(); c0 < packs; c0 += group * kPacksPerThread) {
-      float acc[kPacksPerThread][kN] = {};
-      // No stores in the loop: the compiler may run the unrolled loads ahead.
+  __shared__ int32_t run_row[kTouchedIds], run_end[kTouchedIds];
+  for (int64_t k0 = int64_t(blockIdx.x) * kTouchedIds; k0 < p.num_ids;
+       k0 += ph.touched_blocks * kTouchedIds) {
+    const uint32_t mask = block_pick(k0, p.num_ids, kTouchedIds, [&](int64_t k, int j) {
+      const int64_t r = p.sorted_rows[k];
+      if (r >= p.rows || (k > 0 && p.sorted_rows[k - 1] == r)) return false;  // not a run's start
+      run_row[j] = int32_t(r);
+      run_end[j] = p.row_index[r + 1];
+      return true;
+    });
+    for_each_picked(mask, l, [&](int j) {
+      const int64_t begin = k0 + j, end = run_end[j];
+      for (int64_t c0 = l.lane(); c0 < packs; c0 += group * kPacksPerThread) {
+        float acc[kPacksPerThread][kN] = {};
+        // No stores in the loop: the compiler may run the unrolled loads ahead.
 #pragma unroll 4
-      for (int64_t k = begin; k < end; ++k) add_row(dout, int64_t(p.order[k]) * packs, packs, c0, group, acc);
-      store_rounded(dtable + r * packs, packs, c0, group, acc);
-    }
+        for (int64_t k = begin; k < end; ++k) add_row(dout, int64_t(p.order[k]) * packs, packs, c0, group, acc);
+        store_rounded(dtable + int64_t(run_row[j]) * packs, packs, c0, group, acc);
+      }
+    });
+    __syncthreads();  // the shared slots are rewritten next round
   }
 }
 

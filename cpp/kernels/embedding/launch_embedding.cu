@@ -50,6 +50,17 @@ int64_t grid_for(int64_t rows, const Layout& l) {
   return std::max<int64_t>(1, std::min(kMaxGrid, ceil_div(rows, kBlockThreads >> l.shift)));
 }
 
+// The backward's table pass (TablePhases): blocks for the ids' rows first,
+// then blocks for the zero rows.
+template <class Kernel>
+cudaError_t launch_table_pass(Kernel kernel, const EmbeddingBwdParams& p, const Layout& l,
+                              cudaStream_t stream) {
+  const int64_t ids = embedding::kTouchedIds;
+  const embedding::TablePhases phases{std::min(kMaxGrid, ceil_div(p.num_ids, ids))};
+  kernel<<<phases.touched_blocks + grid_for(p.rows, l), kBlockThreads, 0, stream>>>(p, l, phases);
+  return cudaGetLastError();
+}
+
 int64_t grid_for_threads(int64_t n) {
   return std::max<int64_t>(1, std::min(kMaxGrid, ceil_div(n, kBlockThreads)));
 }
@@ -73,9 +84,7 @@ cudaError_t bwd_sorted(const EmbeddingBwdParams& p, cudaStream_t stream) {
   embedding::segment_bounds_kernel<<<grid_for_threads(p.rows + 1), kBlockThreads, 0, stream>>>(p);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  const Layout l = layout_for(p.dim / kN);
-  embedding::segment_sum_kernel<T, kN><<<grid_for(p.rows, l), kBlockThreads, 0, stream>>>(p, l);
-  return cudaGetLastError();
+  return launch_table_pass(embedding::segment_sum_kernel<T, kN>, p, layout_for(p.dim / kN), stream);
 }
 
 // Fast: count and chain each row's ids, sum the hot rows in float32
@@ -90,8 +99,7 @@ cudaError_t bwd_chained(const EmbeddingBwdParams& p, cudaStream_t stream) {
   const int64_t id_blocks = std::min(kMaxGrid, ceil_div(p.num_ids, embedding::kAccumulateIds));
   embedding::accumulate_kernel<T, kN><<<id_blocks, kBlockThreads, 0, stream>>>(p, l);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  embedding::finalize_kernel<T, kN><<<grid_for(p.rows, l), kBlockThreads, 0, stream>>>(p, l);
-  return cudaGetLastError();
+  return launch_table_pass(embedding::finalize_kernel<T, kN>, p, l, stream);
 }
 
 template <typename T>
