@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import pathlib
+import textwrap
 
 import matplotlib
 
@@ -29,12 +30,15 @@ def _norm_plot(rows, meta, path):
         ax.bar([x + k * width for x in range(len(shapes))],
                [by[impl].get(s, 0) for s in shapes], width, label=impl)
       ax.axhline(meta["copy_gbps"], color="k", ls="--", lw=1, label="copy")
-      ax.set_xticks([x + 0.4 - width / 2 for x in range(len(shapes))], shapes)
+      # Long shape names ("128k x 4096 16k ids skew90/100") wrap instead of overlapping.
+      ax.set_xticks([x + 0.4 - width / 2 for x in range(len(shapes))],
+                    [textwrap.fill(s, 16) for s in shapes], fontsize=7)
       ax.set_title(f"{op} {mode}")
       ax.set_ylabel("GB/s")
       ax.legend(fontsize=7)
-  # Ops that name their dtype ("softmax float32") mix dtypes; the rest are bf16.
-  dtypes = "" if any(" " in op for op in ops) else " - bf16"
+  # Ops or shapes that name their dtype ("softmax float32") mix dtypes; the rest are bf16.
+  named = any(" " in op for op in ops) or any("float32" in r["shape"] for r in rows)
+  dtypes = "" if named else " - bf16"
   fig.suptitle(f"{meta['device']}{dtypes} - {meta['date']}")
   fig.tight_layout()
   fig.savefig(path, dpi=80)
