@@ -145,118 +145,85 @@ int sms() {
   return n;
 }
 
-void report(const char* what, float ms, double bytes) {
-  std::printf("%-52s %8.1f us %7.0f GB/s\n", what, ms * 1e3, bytes / ms / 1e6);
+// Times `launch` (kernel launches, or a runtime call returning cudaError_t)
+// and prints us and GB/s over `bytes`; `fmt` is a printf format for the name.
+template <class Launch, class... Args>
+void timed(double bytes, Launch launch, const char* fmt, Args... args) {
+  constexpr int kReps = 20;
+  char name[96];
+  if constexpr (sizeof...(Args) == 0) std::snprintf(name, sizeof name, "%s", fmt);
+  else std::snprintf(name, sizeof name, fmt, args...);
+  const float ms = mean_launch_ms([&] {
+    launch();
+    return cudaGetLastError();
+  }, kReps);
+  std::printf("%-52s %8.1f us %7.0f GB/s\n", name, ms * 1e3, bytes / ms / 1e6);
 }
 
 }  // namespace
 
 int main() {
-  constexpr int kReps = 20;
   const int n_sm = sms();
-  void *a, *b, *src;
+  void *a, *b, *src_bytes;
   int* count;
   CHECK(cudaMalloc(&a, kBytes));
   CHECK(cudaMalloc(&b, kBytes));
-  CHECK(cudaMalloc(&src, kBytes / 8));
+  CHECK(cudaMalloc(&src_bytes, kBytes / 8));
   CHECK(cudaMalloc(&count, kRows * sizeof(int)));
-  CHECK(cudaMemset(src, 1, kBytes / 8));
+  CHECK(cudaMemset(src_bytes, 1, kBytes / 8));
   CHECK(cudaMemset(count, 0, kRows * sizeof(int)));
   int4* p = static_cast<int4*>(a);
+  const int4* src = static_cast<const int4*>(src_bytes);
   const int64_t n = kBytes / 16;
+  const double mixed = kBytes * 9.0 / 8;  // the table written, one row in eight read
+  CHECK(cudaFuncSetAttribute(store_bulk<16384>, cudaFuncAttributeMaxDynamicSharedMemorySize, 16384));
   for (int round = 0; round < 2; ++round) {
     std::printf("round %d (%d SMs)\n", round, n_sm);
-    report("copy (read + write counted)",
-           mean_launch_ms([&] { return cudaMemcpyAsync(b, a, kBytes, cudaMemcpyDeviceToDevice); }, kReps),
-           2.0 * kBytes);
-    report("cudaMemsetAsync", mean_launch_ms([&] { return cudaMemsetAsync(a, 0, kBytes); }, kReps), kBytes);
+    timed(2.0 * kBytes, [&] { cudaMemcpyAsync(b, a, kBytes, cudaMemcpyDeviceToDevice); },
+          "copy (read + write counted)");
+    timed(kBytes, [&] { cudaMemsetAsync(a, 0, kBytes); }, "cudaMemsetAsync");
     for (int per_sm : {4, 8, 16}) {
-      char name[96];
-      std::snprintf(name, sizeof name, "grid-stride st.128 unroll 4, %d blocks/SM", per_sm);
-      report(name, mean_launch_ms([&] {
-               store_grid_stride<4, false><<<n_sm * per_sm, 256>>>(p, n);
-               return cudaGetLastError();
-             }, kReps), kBytes);
-      std::snprintf(name, sizeof name, "grid-stride st.global.cs unroll 4, %d blocks/SM", per_sm);
-      report(name, mean_launch_ms([&] {
-               store_grid_stride<4, true><<<n_sm * per_sm, 256>>>(p, n);
-               return cudaGetLastError();
-             }, kReps), kBytes);
+      timed(kBytes, [&] { store_grid_stride<4, false><<<n_sm * per_sm, 256>>>(p, n); },
+            "grid-stride st.128 unroll 4, %d blocks/SM", per_sm);
+      timed(kBytes, [&] { store_grid_stride<4, true><<<n_sm * per_sm, 256>>>(p, n); },
+            "grid-stride st.global.cs unroll 4, %d blocks/SM", per_sm);
     }
-    report("rows: block per row, 65536 blocks", mean_launch_ms([&] {
-             store_rows<false, 0><<<65536, 256>>>(p, count, nullptr);
-             return cudaGetLastError();
-           }, kReps), kBytes);
-    report("rows + count read, 65536 blocks", mean_launch_ms([&] {
-             store_rows<true, 0><<<65536, 256>>>(p, count, nullptr);
-             return cudaGetLastError();
-           }, kReps), kBytes);
-    report("rows + count + 1/8 copied, 65536 blocks (w+r)", mean_launch_ms([&] {
-             store_rows<true, 8><<<65536, 256>>>(p, count, static_cast<const int4*>(src));
-             return cudaGetLastError();
-           }, kReps), kBytes * 9.0 / 8);
-    report("rows + count + 1/8 copied, 131072 blocks (w+r)", mean_launch_ms([&] {
-             store_rows<true, 8><<<131072, 256>>>(p, count, static_cast<const int4*>(src));
-             return cudaGetLastError();
-           }, kReps), kBytes * 9.0 / 8);
+    timed(kBytes, [&] { store_rows<false, 0><<<65536, 256>>>(p, count, nullptr); },
+          "rows: block per row, 65536 blocks");
+    timed(kBytes, [&] { store_rows<true, 0><<<65536, 256>>>(p, count, nullptr); },
+          "rows + count read, 65536 blocks");
+    for (int grid : {65536, 131072})
+      timed(mixed, [&] { store_rows<true, 8><<<grid, 256>>>(p, count, src); },
+            "rows + count + 1/8 copied, %d blocks (w+r)", grid);
     auto narrow = [&](auto kernel, int threads) {
-      for (int64_t grid : {int64_t(65536), kRows * threads / 256, int64_t(n_sm) * 8 * 4}) {
-        char name[96];
-        std::snprintf(name, sizeof name, "rows + count + 1/8 copied, %d thr/row, grid %lld", threads,
-                      (long long)grid);
-        report(name, mean_launch_ms([&] {
-                 kernel<<<grid, 256>>>(p, count, static_cast<const int4*>(src));
-                 return cudaGetLastError();
-               }, kReps), kBytes * 9.0 / 8);
-      }
+      for (int64_t grid : {int64_t(65536), kRows * threads / 256, int64_t(n_sm) * 8 * 4})
+        timed(mixed, [&] { kernel<<<grid, 256>>>(p, count, src); },
+              "rows + count + 1/8 copied, %d thr/row, grid %lld", threads, (long long)grid);
     };
     narrow(store_rows_narrow<256>, 256);
     narrow(store_rows_narrow<128>, 128);
     narrow(store_rows_narrow<64>, 64);
     narrow(store_rows_narrow<32>, 32);
     for (int64_t grid : {int64_t(65536), kRows}) {
-      char name[96];
-      const int4* sp = static_cast<const int4*>(src);
-      std::snprintf(name, sizeof name, "phased: copies, then zeros, 2 launches, grid %lld", (long long)grid);
-      report(name, mean_launch_ms([&] {
-               store_phased<1><<<grid, 256>>>(p, count, sp);
-               store_phased<2><<<grid, 256>>>(p, count, sp);
-               return cudaGetLastError();
-             }, kReps), kBytes * 9.0 / 8);
-      std::snprintf(name, sizeof name, "phased: zeros, then copies, 2 launches, grid %lld", (long long)grid);
-      report(name, mean_launch_ms([&] {
-               store_phased<2><<<grid, 256>>>(p, count, sp);
-               store_phased<1><<<grid, 256>>>(p, count, sp);
-               return cudaGetLastError();
-             }, kReps), kBytes * 9.0 / 8);
-      std::snprintf(name, sizeof name, "phased: copies first, 1 launch, grid %lld", (long long)grid);
-      report(name, mean_launch_ms([&] {
-               store_phased<0><<<grid, 256>>>(p, count, sp);
-               return cudaGetLastError();
-             }, kReps), kBytes * 9.0 / 8);
-      std::snprintf(name, sizeof name, "phased: zeros first, 1 launch, grid %lld", (long long)grid);
-      report(name, mean_launch_ms([&] {
-               store_phased<3><<<grid, 256>>>(p, count, sp);
-               return cudaGetLastError();
-             }, kReps), kBytes * 9.0 / 8);
+      timed(mixed, [&] {
+        store_phased<1><<<grid, 256>>>(p, count, src);
+        store_phased<2><<<grid, 256>>>(p, count, src);
+      }, "phased: copies, then zeros, 2 launches, grid %lld", (long long)grid);
+      timed(mixed, [&] {
+        store_phased<2><<<grid, 256>>>(p, count, src);
+        store_phased<1><<<grid, 256>>>(p, count, src);
+      }, "phased: zeros, then copies, 2 launches, grid %lld", (long long)grid);
+      timed(mixed, [&] { store_phased<0><<<grid, 256>>>(p, count, src); },
+            "phased: copies first, 1 launch, grid %lld", (long long)grid);
+      timed(mixed, [&] { store_phased<3><<<grid, 256>>>(p, count, src); },
+            "phased: zeros first, 1 launch, grid %lld", (long long)grid);
     }
-    report("copies alone (128 MiB read + written)", mean_launch_ms([&] {
-             store_phased<1><<<65536, 256>>>(p, count, static_cast<const int4*>(src));
-             return cudaGetLastError();
-           }, kReps), kBytes / 4.0);
-    report("zeros alone (896 MiB)", mean_launch_ms([&] {
-             store_phased<2><<<65536, 256>>>(p, count, static_cast<const int4*>(src));
-             return cudaGetLastError();
-           }, kReps), kBytes * 7.0 / 8);
-    for (int per_sm : {1, 2, 4, 8}) {
-      char name[96];
-      std::snprintf(name, sizeof name, "TMA bulk store 16 KiB chunks, %d blocks/SM", per_sm);
-      CHECK(cudaFuncSetAttribute(store_bulk<16384>, cudaFuncAttributeMaxDynamicSharedMemorySize, 16384));
-      report(name, mean_launch_ms([&] {
-               store_bulk<16384><<<n_sm * per_sm, 32, 16384>>>(static_cast<char*>(a), kBytes);
-               return cudaGetLastError();
-             }, kReps), kBytes);
-    }
+    timed(kBytes / 4.0, [&] { store_phased<1><<<65536, 256>>>(p, count, src); },
+          "copies alone (128 MiB read + written)");
+    timed(kBytes * 7.0 / 8, [&] { store_phased<2><<<65536, 256>>>(p, count, src); }, "zeros alone (896 MiB)");
+    for (int per_sm : {1, 2, 4, 8})
+      timed(kBytes, [&] { store_bulk<16384><<<n_sm * per_sm, 32, 16384>>>(static_cast<char*>(a), kBytes); },
+            "TMA bulk store 16 KiB chunks, %d blocks/SM", per_sm);
   }
   // Checks that the stores landed: the bulk store last wrote zeros everywhere.
   CHECK(cudaMemset(a, 0xff, kBytes));
