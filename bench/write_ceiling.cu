@@ -4,8 +4,9 @@
 // (one 8 KiB row per 256-thread block, a count read first, one row in eight
 // copied from a 16k-row source: mixed among the zero rows, or phased, the
 // copies first). Prints us and GB/s of bytes written (+ read).
-//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icpp \
-//     bench/write_ceiling.cu -o /tmp/write_ceiling && /tmp/write_ceiling
+// Build and run from the repository root:
+//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icpp bench/write_ceiling.cu -o /tmp/wc
+//   /tmp/wc
 #include <cuda_runtime.h>
 
 #include <cstdint>
