@@ -27,7 +27,10 @@ constexpr float kRescaleLog2Threshold = 8.f;
 // stays a per-lane partial (reduced once in the epilogue). Returns whether
 // the max moved; then the output accumulator must be multiplied by `corr`
 // (rescale_rows), which the caller may defer while an MMA still adds into it.
-template <int kSlabs, int kKeyTiles>
+// kRowSums = false leaves row_sum alone: the caller sums the probabilities
+// elsewhere (the Hopper forward at head dim 64, in the P V product), and its
+// sums are rescaled with the accumulator.
+template <bool kRowSums = true, int kSlabs, int kKeyTiles>
 __device__ __forceinline__ bool online_softmax_step(float (&s)[kSlabs][kKeyTiles][4],
                                                     float (&row_max)[kSlabs][2],
                                                     float (&row_sum)[kSlabs][2],
@@ -58,7 +61,7 @@ __device__ __forceinline__ bool online_softmax_step(float (&s)[kSlabs][kKeyTiles
         // -inf) would be NaN, and its factor is irrelevant (sum and O are 0).
         corr[m][h] = mx == -INFINITY ? 1.f : fast_exp2(row_max[m][h] - mx);
         row_max[m][h] = mx;
-        row_sum[m][h] *= corr[m][h];
+        if (kRowSums) row_sum[m][h] *= corr[m][h];
       }
     }
   }
@@ -74,9 +77,9 @@ __device__ __forceinline__ bool online_softmax_step(float (&s)[kSlabs][kKeyTiles
       for (int j = 0; j < kKeyTiles; ++j) {
         s[m][j][2 * h] = fast_exp2(fmaf(s[m][j][2 * h], scale_log2, -base));
         s[m][j][2 * h + 1] = fast_exp2(fmaf(s[m][j][2 * h + 1], scale_log2, -base));
-        sum += s[m][j][2 * h] + s[m][j][2 * h + 1];
+        if (kRowSums) sum += s[m][j][2 * h] + s[m][j][2 * h + 1];
       }
-      row_sum[m][h] = sum;
+      if (kRowSums) row_sum[m][h] = sum;
     }
   }
   return rescale;

@@ -62,10 +62,18 @@ namespace sm90 {
 // after the first has issued its own (a named barrier), so the two
 // prologues' softmaxes do not both leave the tensor cores idle (plain
 // instance; head dim 128: 2-4% at S <= 1024; at 256 it lost 2-7%).
+// kSumByMma: the plain instance takes the softmax's row sums from the
+// tensor cores: P V runs with N = head dim + 8, the extra 8 columns of B
+// reading a block of ones, so O's last accumulator columns hold each row's
+// sum of P (rounded as P V uses it), rescaled with O. That drops one FADD
+// per probability from the softmax, which at head dim 64 costs as many
+// cycles as the products.
 template <int kHeadDim_, int kConsumers_, int kBlockN_, int kStages_, bool kOverlap_ = false,
           bool kPersistent_ = false, int kQBufs_ = 1, int kCausalPersistRows_ = 0,
-          bool kOInStage_ = false, bool kSplitKV_ = false, bool kStagger_ = false>
+          bool kOInStage_ = false, bool kSplitKV_ = false, bool kStagger_ = false,
+          bool kSumByMma_ = false>
 struct FwdConfig {
+  static constexpr bool kSumByMma = kSumByMma_;
   static constexpr bool kStagger = kStagger_;
   static constexpr bool kSplitKV = kSplitKV_;
   static constexpr bool kOInStage = kOInStage_;
@@ -96,9 +104,16 @@ struct FwdConfig {
   // arrivals and every Q buffer's release.
   static constexpr int kBarrierBytes =
       (kSplitKV ? 2 : 1) * ring_barrier_bytes(kStages) + 8 * (2 * kQBufs - 1);
+  // kSumByMma's ones: one wgmma's K depth of rows (16 x 128 bytes, every
+  // element 1), after the barriers, 1024-byte aligned like the swizzled
+  // tiles (the swizzle permutes within aligned 128-byte rows); each k step's
+  // descriptor reaches it.
+  static constexpr int kOnesAlign = kSumByMma ? kSwizzleAtomBytes : 16;
+  static constexpr int kOnesRel =
+      (kQAllBytes + kStages * kStageBytes + kBarrierBytes + kOnesAlign - 1) / kOnesAlign * kOnesAlign;
+  static constexpr int kOnesBytes = kSumByMma ? kWgmmaK * kSwizzleRowBytes : 0;
   // + alignment slack: the swizzled tiles need 1024-byte-aligned addresses.
-  static constexpr int kSmemBytes =
-      kSwizzleAtomBytes + kQAllBytes + kStages * kStageBytes + kBarrierBytes;
+  static constexpr int kSmemBytes = kSwizzleAtomBytes + kOnesRel + kOnesBytes;
   // setmaxnreg: the producer only issues copies (with two consumers 40: its
   // work-item loop spilled at 24 in the feature instances; with three the
   // consumers keep their 160, and the producer's 32 leave the mask instance
@@ -136,7 +151,9 @@ struct FwdConfig {
 template <int kHeadDim>
 struct FwdTiles;
 template <>
-struct FwdTiles<64> { using type = FwdConfig<64, 3, 128, 3, false, true, 2, 4096>; };
+struct FwdTiles<64> {
+  using type = FwdConfig<64, 3, 128, 3, false, true, 2, 4096, false, false, false, true>;
+};
 template <>
 struct FwdTiles<128> { using type = FwdConfig<128, 2, 128, 3, true, true, 1, 4096, true, false, true>; };
 template <>
@@ -221,6 +238,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto q_parity = [&](int n) { return uint32_t(n / kQBufs) & 1; };
   auto k_tile = [&](int s) { return kv_sa + s * Cfg::kStageBytes; };
   auto v_tile = [&](int s) { return kv_sa + s * Cfg::kStageBytes + Cfg::kKVBytes; };
+  // kSumByMma (plain instance only: dropout zeroes P after its sum is
+  // taken): O's columns kD.. hold the row sums.
+  constexpr bool kSumByMma = Cfg::kSumByMma && kFeat == kPlain;
+  constexpr int kOTiles = kD / 8 + (kSumByMma ? 1 : 0);
+  const uint32_t ones_sa = q_sa + Cfg::kOnesRel;
 
   // Feature instances: stage s's key segment ids at ids_vec(s), their min
   // and max at ids_vec(s) + 4 kBN.
@@ -251,6 +273,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int empty_arrivals = Cfg::kConsumers * (kFeat == kPlain ? 4 : kWarpgroupThreads);
     ring.init(kFeat == kPlain ? 1 : 1 + kWarpSize, empty_arrivals);
     if (Cfg::kSplitKV) vring.init(1, empty_arrivals);
+  }
+  if constexpr (kSumByMma) {
+    const uint32_t one2 = kDt == DType::kBF16 ? 0x3F803F80u : 0x3C003C00u;  // two 16-bit 1.0
+    for (int i = tid; i < Cfg::kOnesBytes / 4; i += Cfg::kThreads) st_shared_b32(ones_sa + 4 * i, one2);
+    fence_proxy_async();  // the wgmma reads them through the async proxy
   }
   __syncthreads();
 
@@ -456,10 +483,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int m0 = wk.m0, head = wk.head, b = wk.b, rows_valid = wk.rows_valid;
     const int t_begin = wk.t_begin, t_end = wk.t_end;
     const SeqLens lens = wk.lens;
-    float o[1][kD / 8][4];
+    float o[1][kOTiles][4];
     float row_max[1][2] = {{-INFINITY, -INFINITY}}, row_sum[1][2] = {{0.f, 0.f}};
 #pragma unroll
-    for (int j = 0; j < kD / 8; ++j)
+    for (int j = 0; j < kOTiles; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[0][j][e] = 0.f;
     const float scale_log2 = a.scale * kLog2e;
@@ -654,8 +681,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBN / kWgmmaK; ++kk) {
-        const uint64_t vd = smem_desc(v_tile(s) + kk * kWgmmaK * kSwizzleRowBytes, col_block_bytes<kBN>());
-        wgmma_rs<kDt, kD>(o[0], pa[kk], vd);
+        const uint32_t va = v_tile(s) + kk * kWgmmaK * kSwizzleRowBytes;
+        // kSumByMma: the block after V's last 64 columns is the ones.
+        const uint64_t vd = smem_desc(va, kSumByMma ? ones_sa - va : col_block_bytes<kBN>());
+        wgmma_rs<kDt, kOTiles * 8>(o[0], pa[kk], vd);
       }
       wgmma_commit();
     };
@@ -745,7 +774,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         mask_scores(t_begin + it);
         keys_read(it);
         float corr[1][2];
-        if (online_softmax_step(sc, row_max, row_sum, corr, softmax_scale)) rescale_rows(o, corr);
+        if (online_softmax_step<!kSumByMma>(sc, row_max, row_sum, corr, softmax_scale)) rescale_rows(o, corr);
         drop_probs(t_begin + it);
         pack_probs();
         issue_pv(it);
@@ -784,7 +813,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       mask_scores(t_begin);
       keys_read(0);
       float corr[1][2];
-      online_softmax_step(sc, row_max, row_sum, corr, softmax_scale);  // O is still 0
+      online_softmax_step<!kSumByMma>(sc, row_max, row_sum, corr, softmax_scale);  // O is still 0
       drop_probs(t_begin);
       pack_probs();
     }
@@ -798,7 +827,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       mask_scores(t_begin + it);
       keys_read(it);
       float corr[1][2];
-      const bool rescale = online_softmax_step(sc, row_max, row_sum, corr, softmax_scale);
+      const bool rescale = online_softmax_step<!kSumByMma>(sc, row_max, row_sum, corr, softmax_scale);
       drop_probs(t_begin + it);
       wgmma_wait<0>();
       fence_operands(o[0]);
@@ -833,7 +862,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = thread_row0 + 8 * h;
-      const float sum = quad_sum(row_sum[0][h]);
+      const float sum = kSumByMma ? o[0][kD / 8][2 * h] : quad_sum(row_sum[0][h]);
       const bool seen = sum > 0.f && r < rows_valid;
       float inv = seen ? 1.f / sum : 0.f;
       if constexpr (kFeat == kDropout) inv *= a.scores.dropout_keep_scale;

@@ -7,7 +7,7 @@ is why this is generated rather than written by hand. Run from this folder:
 SS_N = (32, 64, 128)    # S = Q K^T: N = key-tile width (32: a half tile of queries)
 SS_TT_N = (64,)         # dQ = dS K (both operands MN-major): N = 64 columns of dQ
 SS_NT_N = (128,)        # dV += P^T dO, P^T shared (K-major), dO MN-major: half of head dim 256
-RS_N = (64, 128, 256)   # O += P V: N = head-dim bucket
+RS_N = (64, 72, 128, 256)  # O += P V: N = head-dim bucket (72: 64 + a ones block for the row sums)
 TYPES = {"kBF16": "bf16", "kF16": "f16"}
 
 
