@@ -114,6 +114,11 @@ struct FwdConfig {
   static constexpr int kOnesBytes = kSumByMma ? kWgmmaK * kSwizzleRowBytes : 0;
   // + alignment slack: the swizzled tiles need 1024-byte-aligned addresses.
   static constexpr int kSmemBytes = kSwizzleAtomBytes + kOnesRel + kOnesBytes;
+  // Feature instances: per ring stage, the key tile's segment ids and their
+  // min and max (written by the producer warp), after the ones.
+  static constexpr int kIdBytes = kBlockN * 4 + 16;
+  static constexpr int kIdsRel = kOnesRel + kOnesBytes;  // from the aligned base
+  static constexpr int kFeatSmemBytes = kSwizzleAtomBytes + kIdsRel + kStages * kIdBytes;
   // setmaxnreg: the producer only issues copies (with two consumers 40: its
   // work-item loop spilled at 24 in the feature instances; with three the
   // consumers keep their 160, and the producer's 32 leave the mask instance
@@ -123,12 +128,6 @@ struct FwdConfig {
   static constexpr int kConsumerRegs = kConsumers == 2 ? 232 : 160;
   static_assert(kHeadDim % kSwizzleCols == 0, "head dim is whole 64-column blocks");
   static_assert(kSmemBytes <= 227 * 1024, "fits the sm_90 shared-memory opt-in");
-  // Feature instances: per ring stage, the key tile's segment ids and their
-  // min and max (written by the producer warp), after the barriers.
-  static constexpr int kIdBytes = kBlockN * 4 + 16;
-  static constexpr int kIdsRel =  // from the aligned base
-      (kQAllBytes + kStages * kStageBytes + kBarrierBytes + 15) / 16 * 16;
-  static constexpr int kFeatSmemBytes = kSwizzleAtomBytes + kIdsRel + kStages * kIdBytes;
   static_assert(kFeatSmemBytes <= 227 * 1024, "fits the sm_90 shared-memory opt-in");
   // kBias instances: per ring stage, the bias tile (kBlockM x kBlockN, 16-bit
   // or float32), swizzled, after the ids.
@@ -238,16 +237,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto q_parity = [&](int n) { return uint32_t(n / kQBufs) & 1; };
   auto k_tile = [&](int s) { return kv_sa + s * Cfg::kStageBytes; };
   auto v_tile = [&](int s) { return kv_sa + s * Cfg::kStageBytes + Cfg::kKVBytes; };
-  // kSumByMma (plain instance only: dropout zeroes P after its sum is
-  // taken): O's columns kD.. hold the row sums.
-  constexpr bool kSumByMma = Cfg::kSumByMma && kFeat == kPlain;
+  // kSumByMma (not with dropout, which zeroes P after its sum is taken):
+  // O's columns kD.. hold the row sums.
+  constexpr bool kSumByMma = Cfg::kSumByMma && kFeat != kDropout;
   constexpr int kOTiles = kD / 8 + (kSumByMma ? 1 : 0);
   const uint32_t ones_sa = q_sa + Cfg::kOnesRel;
 
   // Feature instances: stage s's key segment ids at ids_vec(s), their min
   // and max at ids_vec(s) + 4 kBN.
-  [[maybe_unused]] const uint32_t ids_sa =
-      (kv_sa + kStages * Cfg::kStageBytes + Cfg::kBarrierBytes + 15) & ~15u;
+  [[maybe_unused]] const uint32_t ids_sa = q_sa + Cfg::kIdsRel;
   [[maybe_unused]] auto ids_vec = [&](int s) { return ids_sa + s * Cfg::kIdBytes; };
   // kBias: stage s's bias tile.
   [[maybe_unused]] const int bias_tile_bytes = kBM * kBN * (a.scores.bias_f32 ? 4 : 2);
