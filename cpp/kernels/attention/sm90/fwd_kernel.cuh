@@ -62,12 +62,12 @@ namespace sm90 {
 // after the first has issued its own (a named barrier), so the two
 // prologues' softmaxes do not both leave the tensor cores idle (plain
 // instance; head dim 128: 2-4% at S <= 1024; at 256 it lost 2-7%).
-// kSumByMma: the plain instance takes the softmax's row sums from the
-// tensor cores: P V runs with N = head dim + 8, the extra 8 columns of B
-// reading a block of ones, so O's last accumulator columns hold each row's
-// sum of P (rounded as P V uses it), rescaled with O. That drops one FADD
-// per probability from the softmax, which at head dim 64 costs as many
-// cycles as the products.
+// kSumByMma: the softmax's row sums come from the tensor cores (every
+// instance but dropout's): P V runs with N = head dim + 8, B's extra 8
+// columns reading a block of ones, so O's last accumulator columns hold
+// each row's sum of P (rounded as P V uses it), rescaled with O. That drops
+// one FADD per probability from the softmax, whose issue slots at head dim
+// 64 cost about as much as the products (2-3% on full rows, bench/NOTES.md).
 template <int kHeadDim_, int kConsumers_, int kBlockN_, int kStages_, bool kOverlap_ = false,
           bool kPersistent_ = false, int kQBufs_ = 1, int kCausalPersistRows_ = 0,
           bool kOInStage_ = false, bool kSplitKV_ = false, bool kStagger_ = false,
@@ -680,7 +680,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < kBN / kWgmmaK; ++kk) {
         const uint32_t va = v_tile(s) + kk * kWgmmaK * kSwizzleRowBytes;
-        // kSumByMma: the block after V's last 64 columns is the ones.
+        // kSumByMma: B's next 64-column block (the leading offset away) is the ones.
         const uint64_t vd = smem_desc(va, kSumByMma ? ones_sa - va : col_block_bytes<kBN>());
         wgmma_rs<kDt, kOTiles * 8>(o[0], pa[kk], vd);
       }
