@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/attention/kernel_args.h"
 #include "kernels/attention/mask.cuh"
@@ -68,12 +69,17 @@ namespace sm90 {
 // each row's sum of P (rounded as P V uses it), rescaled with O. That drops
 // one FADD per probability from the softmax, whose issue slots at head dim
 // 64 cost about as much as the products (2-3% on full rows, bench/NOTES.md).
+// kHalfTiles: without the overlap, a warpgroup's last live key tile runs
+// at half width (S = Q K^T with N = kBN / 2, P V over kBN / 2 keys) when
+// its rows see none of the tile's second half: every other warpgroup on a
+// causal diagonal when kBN is twice the warpgroup's 64 rows.
 template <int kHeadDim_, int kConsumers_, int kBlockN_, int kStages_, bool kOverlap_ = false,
           bool kPersistent_ = false, int kQBufs_ = 1, int kCausalPersistRows_ = 0,
           bool kOInStage_ = false, bool kSplitKV_ = false, bool kStagger_ = false,
-          bool kSumByMma_ = false>
+          bool kSumByMma_ = false, bool kHalfTiles_ = false>
 struct FwdConfig {
   static constexpr bool kSumByMma = kSumByMma_;
+  static constexpr bool kHalfTiles = kHalfTiles_;
   static constexpr bool kStagger = kStagger_;
   static constexpr bool kSplitKV = kSplitKV_;
   static constexpr bool kOInStage = kOInStage_;
@@ -151,7 +157,7 @@ template <int kHeadDim>
 struct FwdTiles;
 template <>
 struct FwdTiles<64> {
-  using type = FwdConfig<64, 3, 128, 3, false, true, 2, 4096, false, false, false, true>;
+  using type = FwdConfig<64, 3, 128, 3, false, true, 2, 4096, false, false, false, true, true>;
 };
 template <>
 struct FwdTiles<128> { using type = FwdConfig<128, 2, 128, 3, true, true, 1, 4096, true, false, true>; };
@@ -514,9 +520,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
     }
 
-    // S = Q K^T for key tile nt (ring step it) into sc, scaled and masked.
+    // S = Q K^T for key tile nt (ring step it) into sc, scaled and masked;
+    // or, for a half tile, its first kBN / 2 keys into a narrower slab.
     float sc[1][kBN / 8][4];
-    auto issue_scores = [&](int it) {
+    auto issue_scores_into = [&](int it, auto& slab) {
+      constexpr int kN = 8 * std::extent_v<std::remove_reference_t<decltype(slab[0])>>;
       const int s = ring.stage(it0 + it);
       wgmma_fence();
 #pragma unroll
@@ -524,10 +532,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const int cb = k / 4, kb = (k % 4) * kWgmmaK * 2;
         const uint64_t qd = smem_desc(q_tile(n) + cb * col_block_bytes<kBM>() + wg_row0 * kSwizzleRowBytes + kb, 0);
         const uint64_t kd = smem_desc(k_tile(s) + cb * col_block_bytes<kBN>() + kb, 0);
-        wgmma_ss<kDt, kBN>(sc[0], qd, kd, k > 0);
+        wgmma_ss<kDt, kN>(slab[0], qd, kd, k > 0);
       }
       wgmma_commit();
     };
+    auto issue_scores = [&](int it) { issue_scores_into(it, sc); };
     // Feature instances: the logit transform and the per-element masks of
     // tile nt. Fragment element sc[0][j][2 h + e] is row m0 + thread_row0 + 8 h,
     // key nt * kBN + 8 j + 2 t + e.
@@ -656,29 +665,33 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
               if (!((vis[h] >> (2 * j + e)) & 1u)) sc[0][j][2 * h + e] = -INFINITY;
       }
     };
-    auto mask_scores = [&](int nt) {  // after the product's wgmma_wait
-      fence_operands(sc[0]);
+    auto mask_slab_scores = [&](int nt, auto& slab) {  // after the product's wgmma_wait
+      constexpr int kN = 8 * std::extent_v<std::remove_reference_t<decltype(slab[0])>>;
+      static_assert(kN == kBN || kFeat == kPlain, "half tiles: plain instance only");
+      fence_operands(slab[0]);
       const int n0 = nt * kBN;
       if constexpr (kFeat != kPlain) {
         feature_scores(nt);
       } else if (prescale) {
 #pragma unroll
-        for (int j = 0; j < kBN / 8; ++j)
+        for (int j = 0; j < kN / 8; ++j)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) sc[0][j][e] *= scale_log2;
+          for (int e = 0; e < 4; ++e) slab[0][j][e] *= scale_log2;
       }
-      if (tile_is_partial(a.mask, m0 + wg_row0, m0 + wg_row0 + kWgmmaM - 1, n0, n0 + kBN - 1,
+      if (tile_is_partial(a.mask, m0 + wg_row0, m0 + wg_row0 + kWgmmaM - 1, n0, n0 + kN - 1,
                           lens.kv_len))
-        mask_slab(sc[0], a.mask, m0 + thread_row0, n0, t, lens.kv_len);
+        mask_slab(slab[0], a.mask, m0 + thread_row0, n0, t, lens.kv_len);
     };
+    auto mask_scores = [&](int nt) { mask_slab_scores(nt, sc); };
     // O += P V for ring step it, P (16-bit) from registers.
+    // (keys: the first keys.value of the tile, a std::integral_constant.)
     uint32_t pa[kBN / 16][4];
-    auto issue_pv = [&](int it) {
+    auto issue_pv_keys = [&](int it, auto keys) {
       const int s = ring.stage(it0 + it);
       if constexpr (Cfg::kSplitKV) vring.wait_full(it0 + it);
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kBN / kWgmmaK; ++kk) {
+      for (int kk = 0; kk < decltype(keys)::value / kWgmmaK; ++kk) {
         const uint32_t va = v_tile(s) + kk * kWgmmaK * kSwizzleRowBytes;
         // kSumByMma: B's next 64-column block (the leading offset away) is the ones.
         const uint64_t vd = smem_desc(va, kSumByMma ? ones_sa - va : col_block_bytes<kBN>());
@@ -686,10 +699,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
       wgmma_commit();
     };
-    auto pack_probs = [&] {
+    auto issue_pv = [&](int it) { issue_pv_keys(it, std::integral_constant<int, kBN>{}); };
+    auto pack_slab = [&](auto& slab) {
+      constexpr int kN = 8 * std::extent_v<std::remove_reference_t<decltype(slab[0])>>;
 #pragma unroll
-      for (int kk = 0; kk < kBN / 16; ++kk) acc_to_a<kDt>(pa[kk], sc[0][2 * kk], sc[0][2 * kk + 1]);
+      for (int kk = 0; kk < kN / 16; ++kk) acc_to_a<kDt>(pa[kk], slab[0][2 * kk], slab[0][2 * kk + 1]);
     };
+    auto pack_probs = [&] { pack_slab(sc); };
 
     // The stage of ring step it: its K half (kSplitKV only; the feature
     // instances' segment ids and bias tile ride with K) once the scores are
@@ -756,29 +772,43 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // around the products instead made ptxas serialize every wgmma. Its
     // loop bound must be warp-uniform (the broadcast wg): without that it
     // cost 5-12% on every row.
-    int n_live = 0;
+    int n_live = 0, last_keys = 0;  // last_keys: the live keys of tile n_live - 1
     if (const int wg_rows = min(kWgmmaM, rows_valid - wg_row0); wg_rows > 0) {
       int wg_lo, wg_hi;
       key_range(a.mask, m0 + wg_row0, m0 + wg_row0 + wg_rows - 1, lens.kv_len, &wg_lo, &wg_hi);
       n_live = min(n_tiles, max(0, (wg_hi - t_begin * kBN + kBN - 1) / kBN));
+      last_keys = wg_hi - (t_begin + n_live - 1) * kBN;
     }
     if constexpr (!Cfg::kOverlap) {
-      for (int it = 0; it < n_live; ++it) {
+      auto step = [&](int it, auto& slab) {
+        constexpr int kN = 8 * std::extent_v<std::remove_reference_t<decltype(slab[0])>>;
         ring.wait_full(it0 + it);
-        issue_scores(it);
+        issue_scores_into(it, slab);
         if (it == 0) release_stored();
         wgmma_wait<0>();
         q_read(it);
-        mask_scores(t_begin + it);
+        mask_slab_scores(t_begin + it, slab);
         keys_read(it);
         float corr[1][2];
-        if (online_softmax_step<!kSumByMma>(sc, row_max, row_sum, corr, softmax_scale)) rescale_rows(o, corr);
+        if (online_softmax_step<!kSumByMma>(slab, row_max, row_sum, corr, softmax_scale))
+          rescale_rows(o, corr);
         drop_probs(t_begin + it);
-        pack_probs();
-        issue_pv(it);
+        pack_slab(slab);
+        issue_pv_keys(it, std::integral_constant<int, kN>{});
         wgmma_wait<0>();
         fence_operands(o[0]);
         values_read(it);
+      };
+      // kHalfTiles: where the last live tile's second half is hidden from
+      // every row of this warpgroup (a causal diagonal, the length edge),
+      // its products and softmax run over the first half alone. A loop of
+      // its own: a branch around a wgmma makes ptxas fence every wgmma.
+      constexpr bool kHalf = Cfg::kHalfTiles && kFeat == kPlain;
+      const int n_full = kHalf && n_live > 0 && last_keys <= kBN / 2 ? n_live - 1 : n_live;
+      for (int it = 0; it < n_full; ++it) step(it, sc);
+      if constexpr (kHalf) {
+        float sc_half[1][kBN / 16][4];
+        for (int it = n_full; it < n_live; ++it) step(it, sc_half);
       }
     }
     // kStagger: both warpgroups start an item on the same Q and K arrivals;
