@@ -58,7 +58,7 @@ sides = list(dict.fromkeys(s for _, s in best))
 print(f"{'row':24s} {'side':>6s} {'fwd old us':>10s} {'/old':>7s} {'bwd old us':>10s} {'/old':>7s}  outputs")
 for row in dict.fromkeys(r for r, _ in best):
   old = best[row, "old"]
-  for side in sides[1:]:
+  for side in (s for s in sides if s != "old"):
     new = best[row, side]
     same = "same" if hashes[row, side] == hashes[row, "old"] else "DIFFER"
     ratio = lambda i: new[i] / old[i] if old[i] > 0 else float("nan")
