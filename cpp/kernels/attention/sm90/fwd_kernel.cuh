@@ -73,7 +73,7 @@ namespace sm90 {
 // at half width (S = Q K^T with N = kBN / 2, P V over kBN / 2 keys) when
 // its rows see none of the tile's second half: every other warpgroup on a
 // causal diagonal when kBN is twice the warpgroup's 64 rows (head dim 64:
-// S512 causal 3-5% faster, S1024 causal 2-3.5%, full rows 1-2% slower,
+// S512 causal 3-5% faster, S1024 causal 2-3.5%, full rows up to 2.6% slower,
 // bench/NOTES.md).
 template <int kHeadDim_, int kConsumers_, int kBlockN_, int kStages_, bool kOverlap_ = false,
           bool kPersistent_ = false, int kQBufs_ = 1, int kCausalPersistRows_ = 0,
