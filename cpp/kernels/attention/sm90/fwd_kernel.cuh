@@ -148,6 +148,11 @@ struct FwdConfig {
                         kWarpgroupThreads <= 64 * 1024, "register file");
 };
 
+// The keys a score slab (float[1][keys / 8][4], a C-layout fragment
+// reference) holds: kBN, or kBN / 2 for a half tile (kHalfTiles).
+template <class Slab>
+constexpr int kSlabKeys = 8 * std::extent_v<std::remove_reference_t<Slab>, 1>;
+
 // Tiles per head-dim bucket (bf16/f16). Measured in the standalone
 // variants (bench/NOTES.md): two Q buffers and a third stage at head dim 64
 // (+7-16% at S <= 2048), a causal persistent grid up to 4096 queries at 64
@@ -526,7 +531,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // or, for a half tile, its first kBN / 2 keys into a narrower slab.
     float sc[1][kBN / 8][4];
     auto issue_scores_into = [&](int it, auto& slab) {
-      constexpr int kN = 8 * std::extent_v<std::remove_reference_t<decltype(slab[0])>>;
+      constexpr int kN = kSlabKeys<decltype(slab)>;
       const int s = ring.stage(it0 + it);
       wgmma_fence();
 #pragma unroll
@@ -668,7 +673,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
     };
     auto mask_slab_scores = [&](int nt, auto& slab) {  // after the product's wgmma_wait
-      constexpr int kN = 8 * std::extent_v<std::remove_reference_t<decltype(slab[0])>>;
+      constexpr int kN = kSlabKeys<decltype(slab)>;
       static_assert(kN == kBN || kFeat == kPlain, "half tiles: plain instance only");
       fence_operands(slab[0]);
       const int n0 = nt * kBN;
@@ -703,7 +708,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     };
     auto issue_pv = [&](int it) { issue_pv_keys(it, std::integral_constant<int, kBN>{}); };
     auto pack_slab = [&](auto& slab) {
-      constexpr int kN = 8 * std::extent_v<std::remove_reference_t<decltype(slab[0])>>;
+      constexpr int kN = kSlabKeys<decltype(slab)>;
 #pragma unroll
       for (int kk = 0; kk < kN / 16; ++kk) acc_to_a<kDt>(pa[kk], slab[0][2 * kk], slab[0][2 * kk + 1]);
     };
@@ -783,7 +788,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     if constexpr (!Cfg::kOverlap) {
       auto step = [&](int it, auto& slab) {
-        constexpr int kN = 8 * std::extent_v<std::remove_reference_t<decltype(slab[0])>>;
+        constexpr int kN = kSlabKeys<decltype(slab)>;
         ring.wait_full(it0 + it);
         issue_scores_into(it, slab);
         if (it == 0) release_stored();
