@@ -2,6 +2,7 @@
 (bench/attention.py's step), jaxcraft beside cuDNN, from the JAX profiler's trace.
 
   python bench/attention_profile.py D64S4096c D128S2048 ... [--trace-dir DIR] [--mode fwd]
+    [--chain N] (N steps unrolled as in the benchmark's cells: the idle gaps between calls)
   ncu --profile-from-start off ... python bench/attention_profile.py D64S512c --ncu
     (one step of each between cuProfilerStart/Stop, for Nsight Compute, instead of the trace)
 
@@ -18,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 import attention
+import timing
 from kernel_trace import print_kernel_times, profile_once, trace_kernels
 from specs import AttentionSpec
 
@@ -36,6 +38,7 @@ def main():
   parser.add_argument("--mode", choices=("fwd", "fwd+bwd"), default="fwd+bwd")
   parser.add_argument("--trace-dir", default=None)
   parser.add_argument("--ncu", action="store_true")
+  parser.add_argument("--chain", type=int, default=1)
   args = parser.parse_args()
   trace_dir = args.trace_dir or tempfile.mkdtemp(prefix="attn_trace_")
   for row in args.rows:
@@ -46,14 +49,15 @@ def main():
     for name, fn in attention._impls(spec).items():
       if name not in ("jaxcraft", "cudnn"):
         continue
-      step = jax.jit((attention._fwd_bwd if args.mode == "fwd+bwd" else attention._fwd)(fn))
+      step = (attention._fwd_bwd if args.mode == "fwd+bwd" else attention._fwd)(fn)
+      step = timing._chain(step, args.chain, True) if args.chain > 1 else jax.jit(step)
       jax.block_until_ready(step(q, k, v))  # compile + warm up
       if args.ncu:
         profile_once(lambda: jax.block_until_ready(step(q, k, v)))
         continue
       rows, span, gaps = trace_kernels(lambda: jax.block_until_ready(step(q, k, v)),
                                        f"{trace_dir}/{row}_{name}")
-      print_kernel_times(f"{spec.name} {name} {args.mode}", rows, span, gaps, top=12)
+      print_kernel_times(f"{spec.name} {name} {args.mode} x{args.chain}", rows, span, gaps, top=12)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ NB_MODULE(_jaxcraft, m) {
     nb::dict cpu, cuda;
     cpu["jaxcraft_norm_fwd"] = capsule(jaxcraft_norm_fwd_cpu);
     cpu["jaxcraft_norm_bwd"] = capsule(jaxcraft_norm_bwd_cpu);
-    cpu["jaxcraft_attention_fwd_v2"] = capsule(jaxcraft_attention_fwd_v2_cpu);
+    cpu["jaxcraft_attention_fwd_v3"] = capsule(jaxcraft_attention_fwd_v3_cpu);
     cpu["jaxcraft_attention_bwd_v2"] = capsule(jaxcraft_attention_bwd_v2_cpu);
     cpu["jaxcraft_decode_attention_fwd"] = capsule(jaxcraft_decode_attention_fwd_cpu);
     cpu["jaxcraft_activation_fwd"] = capsule(jaxcraft_activation_fwd_cpu);
@@ -31,7 +31,7 @@ NB_MODULE(_jaxcraft, m) {
 #ifdef JAXCRAFT_WITH_CUDA
     cuda["jaxcraft_norm_fwd"] = capsule(jaxcraft_norm_fwd_cuda);
     cuda["jaxcraft_norm_bwd"] = capsule(jaxcraft_norm_bwd_cuda);
-    cuda["jaxcraft_attention_fwd_v2"] = capsule(jaxcraft_attention_fwd_v2_cuda);
+    cuda["jaxcraft_attention_fwd_v3"] = capsule(jaxcraft_attention_fwd_v3_cuda);
     cuda["jaxcraft_attention_bwd_v2"] = capsule(jaxcraft_attention_bwd_v2_cuda);
     cuda["jaxcraft_decode_attention_fwd"] = capsule(jaxcraft_decode_attention_fwd_cuda);
     cuda["jaxcraft_activation_fwd"] = capsule(jaxcraft_activation_fwd_cuda);

@@ -13,7 +13,7 @@ _LOWERING_PLATFORM = {"cpu": "cpu", "CUDA": "cuda"}
 # Names are an ABI (DESIGN.md rule 5): exported artifacts refer to them.
 NORM_FWD = "jaxcraft_norm_fwd"
 NORM_BWD = "jaxcraft_norm_bwd"
-ATTENTION_FWD = "jaxcraft_attention_fwd_v2"
+ATTENTION_FWD = "jaxcraft_attention_fwd_v3"
 ATTENTION_BWD = "jaxcraft_attention_bwd_v2"
 DECODE_ATTENTION_FWD = "jaxcraft_decode_attention_fwd"
 ACTIVATION_FWD = "jaxcraft_activation_fwd"

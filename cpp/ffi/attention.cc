@@ -146,14 +146,17 @@ ffi::ErrorOr<AttentionFwdParams> fwd_params(ffi::AnyBuffer q, ffi::AnyBuffer k, 
                                             ffi::Buffer<ffi::S32> q_lengths,
                                             ffi::Buffer<ffi::S32> kv_lengths, const Extras& extras,
                                             ffi::Result<ffi::AnyBuffer> o,
-                                            ffi::Result<ffi::Buffer<ffi::F32>> lse, float scale,
-                                            const MaskAttrs& mask, const ScoreAttrs& scores) {
+                                            ffi::Result<ffi::Buffer<ffi::F32>> lse,
+                                            ffi::Result<ffi::Buffer<ffi::U32>> tile_counter,
+                                            float scale, const MaskAttrs& mask,
+                                            const ScoreAttrs& scores) {
   AttentionFwdParams p;
   if (auto e = fill_common(p, q, k, v, q_lengths, kv_lengths, extras, scale, mask, scores);
       e.failure())
     return ffi::Unexpected<ffi::Error>(std::move(e));
   p.o = o->untyped_data();
   p.lse = lse->typed_data();
+  p.tile_counter = tile_counter->element_count() > 0 ? tile_counter->typed_data() : nullptr;
   return p;
 }
 
@@ -230,7 +233,8 @@ auto fwd_binding(Binding b) {
                                     .template Arg<ffi::Buffer<ffi::S32>>()    // q lengths
                                     .template Arg<ffi::Buffer<ffi::S32>>())   // kv lengths
                         .template Ret<ffi::AnyBuffer>()                        // o
-                        .template Ret<ffi::Buffer<ffi::F32>>());               // lse
+                        .template Ret<ffi::Buffer<ffi::F32>>()                 // lse
+                        .template Ret<ffi::Buffer<ffi::U32>>());               // scratch: tile counter
 }
 
 template <typename Binding>
@@ -263,7 +267,8 @@ auto bwd_binding(Binding b) {
 #define JAXCRAFT_FWD_ARGS                                                                    \
   ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Buffer<ffi::S32> q_lengths,     \
       ffi::Buffer<ffi::S32> kv_lengths, JAXCRAFT_EXTRA_ARGS, ffi::Result<ffi::AnyBuffer> o,  \
-      ffi::Result<ffi::Buffer<ffi::F32>> lse, JAXCRAFT_ATTRS
+      ffi::Result<ffi::Buffer<ffi::F32>> lse, ffi::Result<ffi::Buffer<ffi::U32>> tile_counter, \
+      JAXCRAFT_ATTRS
 #define JAXCRAFT_BWD_ARGS                                                                    \
   ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer o,                    \
       ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer d_o, ffi::Buffer<ffi::S32> q_lengths,        \
@@ -278,7 +283,8 @@ auto bwd_binding(Binding b) {
   MaskAttrs{causal, offset, window_left, window_right}, \
       ScoreAttrs{softcap, dropout_rate, dropout_broadcast}
 #define JAXCRAFT_FWD_PARAMS \
-  fwd_params(q, k, v, q_lengths, kv_lengths, JAXCRAFT_EXTRAS, o, lse, scale, JAXCRAFT_MASK_AND_SCORES)
+  fwd_params(q, k, v, q_lengths, kv_lengths, JAXCRAFT_EXTRAS, o, lse, tile_counter, scale, \
+             JAXCRAFT_MASK_AND_SCORES)
 #define JAXCRAFT_BWD_PARAMS                                                                  \
   bwd_params(q, k, v, o, lse, d_o, q_lengths, kv_lengths, JAXCRAFT_EXTRAS, dq, dk, dv, delta, \
              dq_accum, dbias, scale, JAXCRAFT_MASK_AND_SCORES, deterministic)
@@ -326,13 +332,13 @@ ffi::Error attention_bwd_cuda_impl(cudaStream_t stream, JAXCRAFT_BWD_ARGS) {
 
 namespace ffi = xla::ffi;
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxcraft_attention_fwd_v2_cpu, jaxcraft::attention_fwd_cpu_impl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxcraft_attention_fwd_v3_cpu, jaxcraft::attention_fwd_cpu_impl,
                               jaxcraft::fwd_binding(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxcraft_attention_bwd_v2_cpu, jaxcraft::attention_bwd_cpu_impl,
                               jaxcraft::bwd_binding(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
 #ifdef JAXCRAFT_WITH_CUDA
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    jaxcraft_attention_fwd_v2_cuda, jaxcraft::attention_fwd_cuda_impl,
+    jaxcraft_attention_fwd_v3_cuda, jaxcraft::attention_fwd_cuda_impl,
     jaxcraft::fwd_binding(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()),
     {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(

@@ -7,7 +7,7 @@
 
 JAXCRAFT_DECLARE_HANDLER(jaxcraft_norm_fwd_cpu);
 JAXCRAFT_DECLARE_HANDLER(jaxcraft_norm_bwd_cpu);
-JAXCRAFT_DECLARE_HANDLER(jaxcraft_attention_fwd_v2_cpu);
+JAXCRAFT_DECLARE_HANDLER(jaxcraft_attention_fwd_v3_cpu);
 JAXCRAFT_DECLARE_HANDLER(jaxcraft_attention_bwd_v2_cpu);
 JAXCRAFT_DECLARE_HANDLER(jaxcraft_decode_attention_fwd_cpu);
 JAXCRAFT_DECLARE_HANDLER(jaxcraft_activation_fwd_cpu);
@@ -19,7 +19,7 @@ JAXCRAFT_DECLARE_HANDLER(jaxcraft_softmax_bwd_cpu);
 #ifdef JAXCRAFT_WITH_CUDA
 JAXCRAFT_DECLARE_HANDLER(jaxcraft_norm_fwd_cuda);
 JAXCRAFT_DECLARE_HANDLER(jaxcraft_norm_bwd_cuda);
-JAXCRAFT_DECLARE_HANDLER(jaxcraft_attention_fwd_v2_cuda);
+JAXCRAFT_DECLARE_HANDLER(jaxcraft_attention_fwd_v3_cuda);
 JAXCRAFT_DECLARE_HANDLER(jaxcraft_attention_bwd_v2_cuda);
 JAXCRAFT_DECLARE_HANDLER(jaxcraft_decode_attention_fwd_cuda);
 JAXCRAFT_DECLARE_HANDLER(jaxcraft_activation_fwd_cuda);

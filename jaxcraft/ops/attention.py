@@ -29,6 +29,7 @@ from jaxcraft.ops.attention_reference import (
 )
 
 F32 = jnp.float32
+U32 = jnp.uint32
 I32 = jnp.int32
 # The CUDA kernels' limits (cpp/kernels/attention/tile_config.h): head dims are
 # padded up to the next of 32/64/96/128/192/256 and loaded 16 bytes at a time.
@@ -145,14 +146,18 @@ def _dbias_aval(bias, dtype):
 def _fwd_kernel_abstract(q, k, v, *optional, cfg):
   B, T, N, _ = q.shape
   spec = _primitive.row_spec(q, 3)
+  # o, lse, and the scratch word from which the Hopper kernel's persistent
+  # CTAs take their work units (zeroed by the handler on each call).
   return (_primitive.result_aval(q, q.shape, q.dtype, spec),
-          _primitive.result_aval(q, (B, N, T), F32, (spec[0], spec[2])))
+          _primitive.result_aval(q, (B, N, T), F32, (spec[0], spec[2])),
+          _primitive.result_aval(q, (1,), U32))
 
 
 _fwd_kernel_p = _primitive.kernel_primitive(
     "jaxcraft_attention_fwd_kernel", target=_ffi.ATTENTION_FWD,
     abstract_eval=_fwd_kernel_abstract,
-    reference=lambda q, k, v, *opt, cfg: cfg.reference(q, k, v, _kernel_dict(opt)),
+    reference=lambda q, k, v, *opt, cfg: (*cfg.reference(q, k, v, _kernel_dict(opt)),
+                                          jnp.zeros((1,), U32)),
     ffi_attrs=lambda *, cfg: cfg.ffi_attrs(),
     unsupported=_unsupported)
 
@@ -235,7 +240,8 @@ def _kernel_operands(cfg, optional):
 
 
 def _fwd_local(cfg, q, k, v, *optional):
-  return list(_fwd_kernel_p.bind(q, k, v, *_kernel_operands(cfg, optional), cfg=cfg))
+  o, lse, _ = _fwd_kernel_p.bind(q, k, v, *_kernel_operands(cfg, optional), cfg=cfg)
+  return [o, lse]
 
 
 def _bwd_local(cfg, q, k, v, o, lse, do, *optional):
@@ -249,7 +255,7 @@ def _bwd_local(cfg, q, k, v, o, lse, do, *optional):
 
 
 def _fwd_abstract(q, k, v, *optional, cfg):
-  return list(_fwd_kernel_abstract(q, k, v, cfg=cfg))
+  return list(_fwd_kernel_abstract(q, k, v, cfg=cfg)[:2])
 
 
 def _bwd_abstract(q, k, v, o, lse, do, *optional, cfg):

@@ -54,6 +54,11 @@ struct FwdArgs {
   const void* v;
   void* o;
   float* lse;
+  // Scratch for persistent Hopper launches (one word, zeroed by the
+  // launcher on the stream before each launch): the count of work units
+  // handed out, from which each CTA takes its next unit once it is free.
+  // Null: each CTA strides through the units in a fixed order.
+  uint32_t* tile_counter;
 };
 
 struct BwdArgs {

@@ -49,6 +49,7 @@ cudaError_t launch_attention_fwd(const AttentionFwdParams& p, cudaStream_t strea
   a.v = p.v;
   a.o = p.o;
   a.lse = p.lse;
+  a.tile_counter = p.tile_counter;
   a.scores = attn::to_score_args(p.scores);
   const int bucket = attn::head_dim_bucket(static_cast<int>(s.head_dim));
   cudaError_t err = cudaSuccess;

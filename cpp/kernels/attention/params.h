@@ -81,6 +81,9 @@ struct AttentionFwdParams {
   const void* v = nullptr;
   void* o = nullptr;
   float* lse = nullptr;
+  // Optional scratch of one uint32 (attn::FwdArgs::tile_counter): the
+  // Hopper kernel's persistent CTAs then take their work units from it.
+  uint32_t* tile_counter = nullptr;
 };
 
 struct AttentionBwdParams {

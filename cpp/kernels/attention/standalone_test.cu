@@ -402,6 +402,16 @@ T* to_device(const std::vector<T>& h) {
   if (!h.empty()) CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
   return d;
 }
+// The forward's tile counter (one word, zeroed by the launcher before each
+// launch), shared by every call: they run one after another on stream 0.
+uint32_t* tile_counter() {
+  static uint32_t* counter = [] {
+    uint32_t* c = nullptr;
+    CHECK(cudaMalloc(&c, sizeof(uint32_t)));
+    return c;
+  }();
+  return counter;
+}
 template <typename T>
 T* to_device_or_null(const std::vector<T>& h) {
   return h.empty() ? nullptr : to_device(h);
@@ -483,6 +493,7 @@ bool run_case(const Case& c, std::mt19937& rng) {
   fp.v = dv_;
   fp.o = o;
   fp.lse = lse;
+  fp.tile_counter = tile_counter();
   CHECK(jaxcraft::launch_attention_fwd(fp, 0));
   CHECK(cudaDeviceSynchronize());
   const auto o_h = to_host(o, nq);
@@ -734,6 +745,7 @@ struct TimingBuffers {
     fp.mask.causal = causal;
     fp.scale = 1.f / std::sqrt(float(H));
     fp.q = q, fp.k = k, fp.v = v, fp.o = o, fp.lse = lse;
+    fp.tile_counter = tile_counter();
     return fp;
   }
   jaxcraft::AttentionBwdParams bwd_params(bool causal) const {
@@ -913,6 +925,7 @@ void fwd_sm90_variants(int B, int S, bool causal) {
   fp.mask.causal = causal;
   fp.scale = 1.f / std::sqrt(float(H));
   fp.q = buf.q, fp.k = buf.k, fp.v = buf.v, fp.o = buf.o, fp.lse = buf.lse;
+  fp.tile_counter = tile_counter();
   CHECK(jaxcraft::launch_attention_fwd(fp, 0));
   jaxcraft::attn::FwdArgs fa{};
   fa.shape = {B, S, S, N, N, H};
@@ -1019,6 +1032,7 @@ void bench_features(int B, int S, int N, int H) {
     fp.scores.dropout_key = d_key;
     fp.scale = 1.f / std::sqrt(float(H));
     fp.q = buf.q, fp.k = buf.k, fp.v = buf.v, fp.o = buf.o, fp.lse = buf.lse;
+    fp.tile_counter = tile_counter();
     jaxcraft::AttentionBwdParams bp;
     bp.shape = fp.shape;
     bp.mask = fp.mask;
@@ -1092,6 +1106,7 @@ void dkdv_feature_shapes(int B, int S, int N) {
     fp.scores = bp.scores;
     fp.scale = bp.scale;
     fp.q = buf.q, fp.k = buf.k, fp.v = buf.v, fp.o = buf.o, fp.lse = buf.lse;
+    fp.tile_counter = tile_counter();
     CHECK(jaxcraft::launch_attention_fwd(fp, 0));
     CHECK(jaxcraft::launch_attention_bwd(bp, 0));  // fills delta
     jaxcraft::attn::BwdArgs ba{};

@@ -95,6 +95,13 @@ struct FwdConfig {
   // was 3% slower there at S512 causal; head dim 64 ran 2% slower on every
   // row with it (H200, bench/NOTES.md).
   static constexpr bool kShortFirst = kHeadDim >= 256;
+  // A persistent grid takes its units from the tile counter (FwdArgs) at
+  // head dim 64, under a causal mask single items longest first: 1.5-3%
+  // faster than the fixed stride on full rows up to S4096, 5-7% on causal
+  // S2048-S4096. At 128 and 256 (one Q buffer) it was up to 2% (128) and
+  // 3% (256) slower at S <= 2048, so they keep the fixed stride and the
+  // causal pairs (H100, bench/NOTES.md).
+  static constexpr bool kTileCounter = kHeadDim == 64;
   static constexpr int kConsumers = kConsumers_;
   static constexpr int kBlockM = kConsumers * kWgmmaM;
   static constexpr int kBlockN = kBlockN_;
@@ -109,9 +116,10 @@ struct FwdConfig {
   static_assert(!kOInStage || kQBytes <= kStageBytes, "O fits a stage");
   // The ring's barriers (its `once` is buffer 0's Q arrival; with kSplitKV
   // they serve K, and a second ring's serve V), the other Q buffers'
-  // arrivals and every Q buffer's release.
+  // arrivals and every Q buffer's release, then each Q buffer's work slot
+  // and its two barriers.
   static constexpr int kBarrierBytes =
-      (kSplitKV ? 2 : 1) * ring_barrier_bytes(kStages) + 8 * (2 * kQBufs - 1);
+      (kSplitKV ? 2 : 1) * ring_barrier_bytes(kStages) + 8 * (2 * kQBufs - 1) + 24 * kQBufs;
   // kSumByMma's ones: one wgmma's K depth of rows (16 x 128 bytes, every
   // element 1), after the barriers, 1024-byte aligned like the swizzled
   // tiles (the swizzle permutes within aligned 128-byte rows); each k step's
@@ -210,6 +218,9 @@ struct FwdSm90Args {
   int m_blocks, units, paired;
   FastDivmod kv_group;  // query heads per KV head
   int o_in_stage;  // kOInStage and a persistent launch
+  // A persistent launch's zeroed count of units handed out (FwdArgs::
+  // tile_counter), or null: the fixed stride.
+  uint32_t* tile_counter;
 };
 
 // kFeat (features.cuh): kPlain, or the instances that add segment ids and
@@ -248,6 +259,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto q_full = [&](int n) { return n % kQBufs == 0 ? ring.once() : q_bars + 8 * (kQBufs + n % kQBufs - 1); };
   auto q_empty = [&](int n) { return q_bars + 8 * (n % kQBufs); };
   auto q_parity = [&](int n) { return uint32_t(n / kQBufs) & 1; };
+  // With a tile counter the producer writes the n-th item's cursor into
+  // q_slot(n) as it starts the item's Q load and arrives on slot_full(n);
+  // the consumers decode the item while Q is on its way, each consumer
+  // warp arriving on slot_empty(n) once it has read the slot.
+  auto q_slot = [&](int n) { return q_bars + 8 * (2 * kQBufs - 1) + 8 * (n % kQBufs); };
+  auto slot_full = [&](int n) { return q_bars + 8 * (3 * kQBufs - 1) + 8 * (n % kQBufs); };
+  auto slot_empty = [&](int n) { return q_bars + 8 * (4 * kQBufs - 1) + 8 * (n % kQBufs); };
   auto k_tile = [&](int s) { return kv_sa + s * Cfg::kStageBytes; };
   auto v_tile = [&](int s) { return kv_sa + s * Cfg::kStageBytes + Cfg::kKVBytes; };
   // kSumByMma (not with dropout, which zeroes P after its sum is taken):
@@ -279,6 +297,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (tid == 0) {
     for (int qb = 0; qb < kQBufs; ++qb) {
       mbar_init(q_empty(qb), Cfg::kConsumers * (p.o_in_stage ? 4 : 1));
+      mbar_init(slot_full(qb), 1);
+      mbar_init(slot_empty(qb), Cfg::kConsumers * 4);
       if (qb > 0) mbar_init(q_full(qb), 1);
     }
     const int empty_arrivals = Cfg::kConsumers * (kFeat == kPlain ? 4 : kWarpgroupThreads);
@@ -320,10 +340,37 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     SeqLens lens;
   };
   // The cursor after `cur`, whose work is `wk` (its rank decoded once).
+  // A new unit: the next in the fixed stride, or with a tile counter the
+  // next one not yet handed out (the first gridDim.x go to the CTAs in
+  // order). Longest first holds either way; the counter also evens out CTAs
+  // that run slower than others (their L2 misses, their clocks) instead of
+  // leaving the last of the fixed stride's rounds to them.
+  const bool dynamic = p.tile_counter != nullptr;
   auto next_item = [&](Cursor cur, const Work& wk) {
     const int unit_rank = short_first ? p.m_blocks - 1 - wk.rank : wk.rank;
     if (p.paired && !cur.second && 2 * unit_rank + 1 < p.m_blocks) return Cursor{cur.unit, 1};
-    return Cursor{cur.unit + int(gridDim.x), 0};
+    if (!dynamic) return Cursor{cur.unit + int(gridDim.x), 0};
+    // (Only lane 0 gets here. Through the shuffle ptxas knows the unit is
+    // warp-uniform, and the producer's item decode and TMA coordinates stay
+    // on the uniform datapath: without it the forward ran 2% slower.)
+    return Cursor{__shfl_sync(1u, int(atomicAdd(p.tile_counter, 1u)), 0) + int(gridDim.x), 0};
+  };
+  auto write_slot = [&](int n, Cursor cur) {
+    if (!dynamic) return;
+    if (n >= kQBufs) mbar_wait(slot_empty(n), q_parity(n) ^ 1);
+    asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(q_slot(n)), "r"(cur.unit), "r"(cur.second)
+                 : "memory");
+    mbar_arrive(slot_full(n));
+  };
+  // Consumer warps: lane 0 reads the slot, releases it and shares it.
+  auto read_slot = [&](int n) {
+    Cursor cur{0, 0};
+    if (threadIdx.x % kWarpSize == 0) {
+      asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(cur.unit), "=r"(cur.second) : "r"(q_slot(n))
+                   : "memory");
+      mbar_arrive(slot_empty(n));
+    }
+    return Cursor{__shfl_sync(0xffffffffu, cur.unit, 0), __shfl_sync(0xffffffffu, cur.second, 0)};
   };
   // Both roles derive the key tiles [t_begin, t_end) an item visits, so
   // that the producer loads exactly the tiles the consumers take from the ring.
@@ -349,13 +396,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   };
   // Producer thread: Q of the CTA's n-th item into its buffer, once the O
   // stores of the buffer's previous item have read it.
-  auto load_q = [&](int n, const Work& wk) {
+  auto load_q = [&](int n, const Work& wk, Cursor cur) {
     if (n >= kQBufs) mbar_wait(q_empty(n), q_parity(n) ^ 1);
+    write_slot(n, cur);
     mbar_arrive_expect_tx(q_full(n), Cfg::kQBytes);
 #pragma unroll
     for (int cb = 0; cb < kCB; ++cb)
       tma_load_4d(q_tile(n) + cb * col_block_bytes<kBM>(), &p.q_map, q_full(n), cb * kSwizzleCols,
                   wk.head, wk.m0, wk.b, q_o_policy());
+  };
+  // Producer thread, with a tile counter: the cursor past the last unit in
+  // the n-th item's slot, so that the consumers leave their loop too.
+  auto send_end = [&](int n, Cursor cur) {
+    if (!dynamic) return;
+    if (n >= kQBufs) mbar_wait(q_empty(n), q_parity(n) ^ 1);
+    write_slot(n, cur);
   };
 
   // Producer thread: key tile nt's K (its barrier also expecting `extra`
@@ -389,18 +444,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         prefetch_tensor_map(&p.k_map);
         prefetch_tensor_map(&p.v_map);
         int it = 0, n = 0;
-        for (Cursor cur{int(blockIdx.x), 0}; cur.unit < p.units; ++n) {
+        Cursor cur{int(blockIdx.x), 0};
+        for (; cur.unit < p.units; ++n) {
           const Work wk = work_at(cur);
           // Q after this item's first K/V tile, whose stage frees up earlier.
-          if (wk.t_begin == wk.t_end) load_q(n, wk);
+          if (wk.t_begin == wk.t_end) load_q(n, wk, cur);
           for (int nt = wk.t_begin; nt < wk.t_end; ++nt, ++it) {
             ring.wait_free(it);
             load_k(it, nt, wk, 0);
             load_v(it, nt, wk);
-            if (nt == wk.t_begin) load_q(n, wk);
+            if (nt == wk.t_begin) load_q(n, wk, cur);
           }
           cur = next_item(cur, wk);
         }
+        send_end(n, cur);
       }
     } else if (tid < kWarpSize) {
       // As above, and the whole warp copies each key tile's segment ids
@@ -414,11 +471,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         if constexpr (kFeat == kBias) prefetch_tensor_map(&p.bias_map);
       }
       int it = 0, n = 0;
-      for (Cursor cur{int(blockIdx.x), 0}; cur.unit < p.units; ++n) {
+      Cursor cur{int(blockIdx.x), 0};
+      for (; cur.unit < p.units; ++n) {
         const Work wk = work_at(cur);
         const int m0 = wk.m0, head = wk.head, b = wk.b;
         const int t_begin = wk.t_begin, t_end = wk.t_end;
-        if (tid == 0) load_q(n, wk);
+        if (tid == 0) load_q(n, wk, cur);
         const int32_t* kv_ids = a.mask.q_segment_ids != nullptr
                                     ? a.mask.kv_segment_ids + int64_t(b) * sh.seqlen_k
                                     : nullptr;
@@ -459,8 +517,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           }
           mbar_arrive(ring.full(s));
         }
-        cur = next_item(cur, wk);
+        // The warp's lane 0 takes the next unit, for all of it.
+        Cursor next{};
+        if (tid == 0) next = next_item(cur, wk);
+        cur = Cursor{__shfl_sync(0xffffffffu, next.unit, 0), __shfl_sync(0xffffffffu, next.second, 0)};
       }
+      if (tid == 0) send_end(n, cur);
     }
     return;
   }
@@ -489,7 +551,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   };
 
   int it0 = 0, n = 0;  // ring uses before this work item; items done
-  for (Cursor cur{int(blockIdx.x), 0}; cur.unit < p.units; ++n) {
+  for (Cursor cur{int(blockIdx.x), 0};; ++n) {
+    if (dynamic) {
+      mbar_wait(slot_full(n), q_parity(n));
+      cur = read_slot(n);
+    }
+    if (cur.unit >= p.units) break;
     const Work wk = work_at(cur);
     const int m0 = wk.m0, head = wk.head, b = wk.b, rows_valid = wk.rows_valid;
     const int t_begin = wk.t_begin, t_end = wk.t_end;
@@ -956,7 +1023,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
     }
     it0 += t_end - t_begin;
-    cur = next_item(cur, wk);
+    if (!dynamic) cur = next_item(cur, wk);  // else from the next item's slot
   }
   release_stored();  // the last store reads shared memory until here
 #endif  // JAXCRAFT_SM90A_ENABLED
@@ -995,7 +1062,8 @@ cudaError_t launch_fwd_sm90(const FwdArgs& a, cudaStream_t stream,
   const bool persistent =
       Cfg::kPersistent && (!a.mask.causal || s.seqlen_q <= Cfg::kCausalPersistRows);
   p.m_blocks = (s.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
-  p.paired = persistent && a.mask.causal;
+  p.tile_counter = persistent && Cfg::kTileCounter ? a.tile_counter : nullptr;
+  p.paired = persistent && a.mask.causal && p.tile_counter == nullptr;
   p.o_in_stage = persistent && Cfg::kOInStage;
   p.kv_group = FastDivmod::make(s.num_heads / s.num_kv_heads);
   const int unit_tiles = p.paired ? (p.m_blocks + 1) / 2 : p.m_blocks;
@@ -1017,6 +1085,9 @@ cudaError_t launch_fwd_sm90(const FwdArgs& a, cudaStream_t stream,
                                   : tile_group(a.mask.causal, int64_t(s.seqlen_k) * s.head_dim * 4,
                                                int64_t(s.num_heads) * s.batch));
   const int grid = persistent ? std::min(p.units, max_grid) : p.units;
+  if (p.tile_counter != nullptr &&
+      (err = cudaMemsetAsync(p.tile_counter, 0, sizeof(uint32_t), stream)) != cudaSuccess)
+    return err;
   kernel<<<grid, Cfg::kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
