@@ -206,3 +206,21 @@ def test_cuda_rejects_float32_clearly():
   # implementation=None takes the reference for float32 on the GPU: still correct.
   np.testing.assert_allclose(jaxcraft.dot_product_attention(q, k, v),
                              jax.nn.dot_product_attention(q, k, v), atol=2e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_cuda_calls_in_one_program_take_every_work_unit(causal):
+  # Head dim 64's Hopper forward hands its work units out from a counter in
+  # a scratch output that each call zeroes. Here the units outnumber the SMs
+  # (2 x 12 heads x six 192-query tiles), and three chained calls in one
+  # program (where XLA may give them one scratch buffer) must equal the same
+  # calls made one by one, bit for bit (each unit's arithmetic does not
+  # depend on which CTA takes it); the first matches the reference.
+  q, k, v = _qkv(2, 1000, 1000, 12, 12, 64, jnp.bfloat16, seed=11)
+  step = jax.jit(lambda q, k, v: _attn("cuda", q, k, v, is_causal=causal))
+  chain = jax.jit(lambda q, k, v: step(step(step(q, k, v), k, v), k, v))
+  one_by_one = step(step(step(q, k, v), k, v), k, v)
+  np.testing.assert_array_equal(f64(chain(q, k, v)), f64(one_by_one))
+  np.testing.assert_allclose(f64(step(q, k, v)), f64(_attn("xla", q, k, v, is_causal=causal)),
+                             atol=2e-2, rtol=2e-2)
