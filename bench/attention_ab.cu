@@ -67,7 +67,8 @@ uint64_t fnv1a(const void* device, size_t bytes, uint64_t hash = 146959810393466
   return hash;
 }
 
-// The tile counter where this side's kernel arguments have one.
+// The tile counter where this side's kernel arguments have one
+// (AB_NO_TILE_COUNTER=1: none, so the forward keeps its fixed stride).
 template <class A>
 auto set_tile_counter(A& a, uint32_t* c, int) -> decltype(a.tile_counter = c, void()) {
   a.tile_counter = c;
