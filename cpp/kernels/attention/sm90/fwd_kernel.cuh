@@ -15,7 +15,9 @@
 // part. Under a causal mask the items differ in work, so a persistent CTA
 // takes them in pairs of equal total work (query tiles r and m_blocks - 1 - r
 // of one head); a fixed stride over single items measured 11-38% slower
-// than one CTA per item.
+// than one CTA per item. At head dim 64 the CTAs instead take their next
+// unit from a tile counter (FwdArgs::tile_counter), causal items singly,
+// longest first.
 // Segment ids, the boolean mask, soft cap, bias and dropout run in separate
 // instances of the same kernel (kFeat, features.cuh).
 #pragma once
@@ -97,7 +99,7 @@ struct FwdConfig {
   static constexpr bool kShortFirst = kHeadDim >= 256;
   // A persistent grid takes its units from the tile counter (FwdArgs) at
   // head dim 64, under a causal mask single items longest first: 1.5-3%
-  // faster than the fixed stride on full rows up to S4096, 5-7% on causal
+  // faster than the fixed stride on full rows up to S4096, 6-7% on causal
   // S2048-S4096. At 128 and 256 (one Q buffer) it was up to 2% (128) and
   // 3% (256) slower at S <= 2048, so they keep the fixed stride and the
   // causal pairs (H100, bench/NOTES.md).
