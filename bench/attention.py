@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 import jaxcraft
 from specs import ATTENTION_SPECS, AttentionSpec
-from timing import time_step
+from timing import ChainTimer, time_interleaved
 
 DTYPE = jnp.bfloat16
 # XLA's attention materializes B x N x S x S logits: skip it past this length.
@@ -68,14 +68,17 @@ def run(bandwidth: float, specs=None):
     shape = (spec.batch, spec.seqlen, spec.heads, spec.head_dim)
     keys = jax.random.split(jax.random.key(0), 3)
     q, k, v = (jax.random.normal(kk, shape, DTYPE) for kk in keys)
-    for name, fn in _impls(spec).items():
-      for mode, make, flops in (("fwd", _fwd, spec.fwd_flops()),
-                                ("fwd+bwd", _fwd_bwd, spec.fwd_bwd_flops())):
+    impls = _impls(spec)
+    for mode, make, flops in (("fwd", _fwd, spec.fwd_flops()),
+                              ("fwd+bwd", _fwd_bwd, spec.fwd_bwd_flops())):
+      timers = {}
+      for name, fn in impls.items():
         try:
-          sec = time_step(make(fn), q, k, v, custom_call=name != "xla", short=1, long=4, reps=3)
+          timers[name] = ChainTimer(make(fn), q, k, v, custom_call=name != "xla", short=1, long=4,
+                                    reps=3)
         except Exception as e:  # noqa: BLE001 - a peer that fails is reported, not fatal
           print(f"  {spec.name} {name} {mode}: failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
-          continue
+      for name, sec in time_interleaved(timers).items():
         rows.append(dict(op="attention", shape=spec.name, head_dim=spec.head_dim,
                          seqlen=spec.seqlen, causal=spec.causal, impl=name, mode=mode,
                          us=sec * 1e6, tflops=flops / sec / 1e12))

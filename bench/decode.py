@@ -17,7 +17,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
-from timing import time_step
+from timing import ChainTimer, time_interleaved
 
 import jaxcraft
 
@@ -92,16 +92,17 @@ def run(bandwidth: float, specs=None):
   for spec in specs:
     q, dense, paged = _inputs(spec)
     nbytes = spec.kv_bytes(jnp.dtype(DTYPE).itemsize)
+    timers = {}
     for name, (fn, which, custom_call) in _impls(spec).items():
       if smoke and name in ("cudnn", "pallas"):
         continue
       consts = dense if which == "dense" else paged
       try:
-        sec = time_step(fn, q, *consts, custom_call=custom_call, short=2, long=8, reps=5)
+        timers[name] = ChainTimer(fn, q, *consts, custom_call=custom_call, short=2, long=8, reps=5)
       except Exception as e:  # noqa: BLE001 - an unsupported peer is reported, not fatal
         print(f"  {spec.name:10s} {name:15s} unsupported: {type(e).__name__}: {str(e)[:120]}",
               flush=True)
-        continue
+    for name, sec in time_interleaved(timers).items():
       rows.append({"op": "decode", "shape": spec.name, "batch": spec.batch, "seqlen": spec.seqlen,
                    "impl": name, "mode": "fwd", "us": sec * 1e6, "gbps": nbytes / sec / 1e9,
                    "pct_copy": 100 * nbytes / sec / bandwidth})

@@ -53,8 +53,35 @@ def _wall(fn, carry, consts, reps):
   return float(np.median(times))
 
 
-def time_step(step, carry, *consts, custom_call=True, short=2, long=12, reps=5,
-              min_span=MIN_SPAN_S, max_long=64, repeats=None) -> float:
+class ChainTimer:
+  """Seconds per application of `step(carry, *consts) -> carry`, from the
+  difference of two chain lengths (see time_step, whose arguments these are).
+  Built once (compiled, warmed up, the long chain lengthened as needed and
+  timed once: `first`); `sample()` times the pair again."""
+
+  def __init__(self, step, carry, *consts, custom_call=True, short=2, long=12, reps=5,
+               min_span=MIN_SPAN_S, max_long=64):
+    self._args, self._reps = (carry, consts), reps
+    self.short, self.long = short, long
+    self._short_fn, self._long_fn = _chain(step, short, custom_call), _chain(step, long, custom_call)
+    self.first = self.sample()
+    if (long - short) * self.first < min_span and long < max_long:
+      self.long = min(max_long, short + int(np.ceil(min_span / self.first)))
+      self._long_fn = _chain(step, self.long, custom_call)
+      self.first = self.sample()
+
+  def sample(self) -> float:
+    carry, consts = self._args
+    t_short = _wall(self._short_fn, carry, consts, self._reps)
+    t_long = _wall(self._long_fn, carry, consts, self._reps)
+    return max(t_long - t_short, 1e-9) / (self.long - self.short)
+
+
+def _repeats(repeats):
+  return repeats or int(os.environ.get("JAXCRAFT_BENCH_REPEATS", "3"))
+
+
+def time_step(step, carry, *consts, repeats=None, **chain) -> float:
   """Seconds per application of `step(carry, *consts) -> carry`.
 
   `consts` are passed as arguments (never closed over: XLA would fold them).
@@ -69,21 +96,22 @@ def time_step(step, carry, *consts, custom_call=True, short=2, long=12, reps=5,
   the median of three is the default since the twenty-eighth session (the
   whole 36-row attention sweep against cuDNN then took 129 s on an H200).
   """
-  repeats = repeats or int(os.environ.get("JAXCRAFT_BENCH_REPEATS", "3"))
-  short_fn, long_fn = _chain(step, short, custom_call), _chain(step, long, custom_call)
-  t_short = _wall(short_fn, carry, consts, reps)
-  t_long = _wall(long_fn, carry, consts, reps)
-  per_step = max(t_long - t_short, 1e-9) / (long - short)
-  if (long - short) * per_step < min_span and long < max_long:
-    long = min(max_long, short + int(np.ceil(min_span / per_step)))
-    long_fn = _chain(step, long, custom_call)
-    t_long = _wall(long_fn, carry, consts, reps)
-    per_step = max(t_long - t_short, 1e-9) / (long - short)
-  samples = [per_step]
-  for _ in range(repeats - 1):
-    t_short, t_long = _wall(short_fn, carry, consts, reps), _wall(long_fn, carry, consts, reps)
-    samples.append(max(t_long - t_short, 1e-9) / (long - short))
-  return float(np.median(samples))
+  return time_interleaved({None: ChainTimer(step, carry, *consts, **chain)}, repeats)[None]
+
+
+def time_interleaved(timers: dict, repeats=None) -> dict:
+  """The median seconds per step of each ChainTimer in `timers` (name ->
+  timer), their repeats taken in turn, in alternating order (a b, b a, a b,
+  ...). Timed one implementation after the other, cells of kernels that had
+  not changed moved by 5-10% between sweeps, long rows included (the GPU's
+  clocks drift over a row's seconds; bench/NOTES.md, thirty-ninth session);
+  in turn, that drift moves every implementation of a row alike."""
+  samples = {name: [timer.first] for name, timer in timers.items()}
+  names = list(timers)
+  for r in range(_repeats(repeats) - 1):
+    for name in (names if r % 2 else names[::-1]):
+      samples[name].append(timers[name].sample())
+  return {name: float(np.median(s)) for name, s in samples.items()}
 
 
 def kernel_seconds(step, carry, *consts, match: str, n: int = 8) -> float:
