@@ -102,10 +102,8 @@ def time_step(step, carry, *consts, repeats=None, **chain) -> float:
 def time_interleaved(timers: dict, repeats=None) -> dict:
   """The median seconds per step of each ChainTimer in `timers` (name ->
   timer), their repeats taken in turn, in alternating order (a b, b a, a b,
-  ...). Timed one implementation after the other, cells of kernels that had
-  not changed moved by 5-10% between sweeps, long rows included (the GPU's
-  clocks drift over a row's seconds; bench/NOTES.md, thirty-ninth session);
-  in turn, that drift moves every implementation of a row alike."""
+  ...), so that the GPU's clocks, which move with its power draw over a
+  row's seconds, move every implementation of a row alike."""
   samples = {name: [timer.first] for name, timer in timers.items()}
   names = list(timers)
   for r in range(_repeats(repeats) - 1):
