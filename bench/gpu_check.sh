@@ -143,12 +143,13 @@ if stage sanitize; then
 fi
 if stage sanitize_standalone; then
   # The attention kernels outside JAX, small cases (SANITIZE_CASES=features:
-  # the feature cases only), on both routes (SANITIZE_ROUTES), with the
+  # the feature cases only), on both routes (SANITIZE_ROUTES), with each tool of
+  # SANITIZE_TOOLS (default: memcheck racecheck synccheck), with the
   # Hopper forward's persistent grid capped at 3 CTAs so that every CTA
   # walks several work items.
   build_attn_standalone
   for route in ${SANITIZE_ROUTES:-hopper portable}; do
-    for tool in memcheck racecheck synccheck; do
+    for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
       JAXCRAFT_ATTENTION_PERSISTENT_CTAS=3 \
         step "sanitize_standalone_${tool}_$route" compute-sanitizer --tool "$tool" \
         --error-exitcode 1 /tmp/attn_test.bin ${SANITIZE_CASES:-check} small $route
