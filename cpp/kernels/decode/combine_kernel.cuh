@@ -8,17 +8,18 @@
 // split's lse and partial o are loaded together, with up to
 // kSplitsInFlight splits' loads outstanding per warp; the warps' states
 // meet in shared memory. The rows that need a combine come few with many
-// splits (1 x 128k: 32 rows x 32 splits: one batch per warp), so this
-// kernel's time is load latency: one round trip, where a first pass for
-// the max and then lse-dependent loads of o took five (8 us vs cuDNN's
-// 5 us reduction kernel under Nsight Compute).
+// splits (1 x 128k: 32 rows x 33 splits), so this kernel's time is load
+// latency: one round trip, where a first pass for the max and then
+// lse-dependent loads of o took five (8 us vs cuDNN's 5 us reduction kernel
+// under Nsight Compute). Eight warps keep up to 64 splits in that one trip
+// (with four, the 33rd split took a second).
 #pragma once
 #include "kernels/decode/device.cuh"
 
 namespace jaxcraft {
 namespace decode {
 
-constexpr int kCombineWarps = 4;
+constexpr int kCombineWarps = 8;
 constexpr int kCombineThreads = kCombineWarps * kWarpSize;
 constexpr int kMaxHeadDim = 256;
 constexpr int kCombineVecs = kMaxHeadDim / (4 * kWarpSize);  // float4s per lane

@@ -83,10 +83,6 @@ __global__ void __launch_bounds__(MmaConfig<T, kHeadDim>::kThreads, 1)
   __shared__ int s_bad_tile[kStages];
 
   const DecodeParams& p = a.p;
-  // Launched as a dependent (launch_decode.cu): every global access waits
-  // for the kernel before it; the combine may begin launching at once.
-  wait_for_prior_grid();
-  allow_dependent_grids();
   // Row chunks vary fastest: the CTAs that read the same K/V run together
   // and share it through L2.
   int64_t cta = blockIdx.x;
@@ -97,18 +93,41 @@ __global__ void __launch_bounds__(MmaConfig<T, kHeadDim>::kThreads, 1)
   const int kh = static_cast<int>(cta % p.num_kv_heads);
   const int b = static_cast<int>(cta / p.num_kv_heads);
   const int row0 = chunk * kRows;
-
-  const SeqSpan span = seq_span(p, b);
-  int tile_begin, tile_end;
-  split_tiles<kBlockN>(span, split, a.num_splits, tile_begin, tile_end);
-  const int num_tiles = tile_end - tile_begin;
   const int head_dim = static_cast<int>(p.head_dim);
   const int64_t kv_row_elems = p.num_kv_heads * p.head_dim;
   const T* q = static_cast<const T*>(p.q);
   const T* k = static_cast<const T*>(p.k) + static_cast<int64_t>(kh) * head_dim;
   const T* v = static_cast<const T*>(p.v) + static_cast<int64_t>(kh) * head_dim;
-
   const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
+  const int seq_row0 = b * static_cast<int>(p.page_size);  // contiguous: sequence b's first row
+
+  // Launched as a dependent (launch_decode.cu), a CTA of the first wave may
+  // start while the kernel before it still runs: meanwhile L2 fetches the
+  // K/V rows of the tiles the prologue will load (contiguous caches; a paged
+  // one would need its table). That kernel may still write the length read
+  // here (.cg: not kept in L1): it only aims the prefetch, which reads
+  // nothing stale. Later waves skip it: they start after that kernel, and
+  // the length's round trip would only delay them (256 x 1k: 1% slower).
+  if (!p.paged && chunk == 0 && blockIdx.x < a.first_wave) {
+    const SeqSpan guess = seq_span_of(p, __ldcg(p.kv_lengths + b));
+    int first, end;
+    split_tiles<kBlockN>(guess, split, a.num_splits, first, end);
+    const int j_end = min(min(end, first + kStages - 1) * kBlockN, guess.length);
+    for (int j = first * kBlockN + tid; j < j_end; j += Cfg::kThreads) {
+      const int64_t off = static_cast<int64_t>(seq_row0 + j) * kv_row_elems;
+      prefetch_l2(k + off, head_dim * sizeof(T));
+      prefetch_l2(v + off, head_dim * sizeof(T));
+    }
+  }
+  // Every global access below waits for the kernel before it; the combine
+  // may begin launching at once.
+  wait_for_prior_grid();
+  allow_dependent_grids();
+
+  const SeqSpan span = seq_span(p, b);
+  int tile_begin, tile_end;
+  split_tiles<kBlockN>(span, split, a.num_splits, tile_begin, tile_end);
+  const int num_tiles = tile_end - tile_begin;
 
   // Q rows of this chunk (zeros past the group or past head_dim): their own
   // commit group, read into registers before the first tile.
@@ -129,7 +148,6 @@ __global__ void __launch_bounds__(MmaConfig<T, kHeadDim>::kThreads, 1)
   // table loads' latency overlaps the math.
   const int ld_chunk = tid % Cfg::kChunks, ld_row = tid / Cfg::kChunks;
   const bool chunk_ok = ld_chunk * kElemsPerChunk < head_dim;
-  const int seq_row0 = b * static_cast<int>(p.page_size);  // contiguous: sequence b's first row
   const int64_t pass_elems = Cfg::kRowsPerPass * kv_row_elems;
   int pages[Cfg::kLoadsPerThread];
   auto lookup = [&](int tile) {
