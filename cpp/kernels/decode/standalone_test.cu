@@ -347,6 +347,8 @@ int main(int argc, char** argv) {
       {"bf16 d128 gqa contiguous 1 split", DType::kBF16, 6, 1, 32, 8, 128, 700, 0, 0.f, -1, 0},
       {"f16 d64 mqa tq3 paged8", DType::kF16, 5, 3, 8, 1, 64, 1024, 8},
       {"bf16 d128 paged16 bad pages", DType::kBF16, 5, 2, 8, 2, 128, 512, 16, 0.f, -1, 64, true},
+      {"f16 d128 paged32 bad pages, 1 split", DType::kF16, 6, 1, 16, 4, 128, 640, 32, 0.f, -1, 0,
+       true},
       {"bf16 d256 tq16 g8 (8 row chunks)", DType::kBF16, 4, 16, 16, 2, 256, 640, 64},
       {"bf16 d80 padded, window 37", DType::kBF16, 5, 4, 8, 2, 80, 300, 0, 0.f, 37},
       {"f16 d128 soft cap, paged 24", DType::kF16, 5, 2, 4, 4, 128, 480, 24, 3.f},
