@@ -252,6 +252,17 @@ def test_out_of_range_pages_are_masked(platform):
   np.testing.assert_allclose(_np(out), _np(expected), atol=1e-5)
 
 
+@pytest.mark.parametrize("page_size, dtype", [(64, jnp.bfloat16), (128, jnp.float16)], ids=str)
+def test_out_of_range_whole_tile_pages(platform, page_size, dtype):
+  """Pages that hold whole key tiles: the 16-bit CUDA kernel reads one table
+  entry per tile there, so a bad entry masks the whole tile."""
+  q, k, v = _inputs(3, 2, 4 * page_size, 8, 2, 64, dtype, seed=page_size)
+  kp, vp, tables = _page(k, v, page_size, seed=page_size)
+  bad = tables.at[0, 1].set(-1).at[1, 3].set(kp.shape[0] + 5).at[2, 0].set(2**31 - 1)
+  lengths = jnp.array([4 * page_size, 3 * page_size + 5, 2 * page_size - 1], jnp.int32)
+  _check(platform, q, kp, vp, lengths, block_tables=bad)
+
+
 def test_large_group_rows(platform):
   # MQA with 16 query heads and 16 tokens: 256 rows share one KV head.
   q, k, v = _inputs(2, 16, 100, 16, 1, 64, jnp.bfloat16, seed=8)

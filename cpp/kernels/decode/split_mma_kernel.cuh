@@ -145,13 +145,22 @@ __global__ void __launch_bounds__(MmaConfig<T, kHeadDim>::kThreads, 1)
   // Loader: thread tid copies chunk ld_chunk of tile rows ld_row + i * kRowsPerPass
   // (columns past head_dim and keys outside the cache are zero-filled). A
   // paged cache's page entries are read one tile ahead (pages[]) so that the
-  // table loads' latency overlaps the math.
+  // table loads' latency overlaps the math. Pages that hold whole tiles
+  // (page_size a multiple of kBlockN) need one entry per tile, in pages[0],
+  // and then a tile's rows are consecutive cache rows, addressed as a
+  // contiguous cache's are: a table load and an address per row were most
+  // of the paged loader's instructions.
   const int ld_chunk = tid % Cfg::kChunks, ld_row = tid / Cfg::kChunks;
   const bool chunk_ok = ld_chunk * kElemsPerChunk < head_dim;
   const int64_t pass_elems = Cfg::kRowsPerPass * kv_row_elems;
+  const bool tile_pages = p.paged && a.page_size.divisor % kBlockN == 0;
   int pages[Cfg::kLoadsPerThread];
   auto lookup = [&](int tile) {
     if (!p.paged) return;
+    if (tile_pages) {
+      pages[0] = tile * kBlockN < span.length ? page_of(a, b, tile * kBlockN) : -1;
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < Cfg::kLoadsPerThread; ++i) {
       const int j = tile * kBlockN + ld_row + i * Cfg::kRowsPerPass;
@@ -169,12 +178,21 @@ __global__ void __launch_bounds__(MmaConfig<T, kHeadDim>::kThreads, 1)
   };
   auto issue = [&](int tile, int stage) {
     const int j0 = tile * kBlockN + ld_row;
-    if (!p.paged) {  // the thread's rows are kRowsPerPass apart in sequence b's rows
-      const int64_t off0 = static_cast<int64_t>(seq_row0 + j0) * kv_row_elems + ld_chunk * kElemsPerChunk;
+    if (!p.paged || tile_pages) {  // the thread's rows are kRowsPerPass apart in the cache
+      int first_row = seq_row0 + j0;  // the cache row of key j0
+      bool page_ok = true;
+      if (tile_pages) {
+        page_ok = pages[0] >= 0 && pages[0] < p.num_pages;
+        uint32_t logical, offset;
+        a.page_size.divmod(static_cast<uint32_t>(j0), logical, offset);
+        first_row = page_ok ? pages[0] * static_cast<int>(p.page_size) + static_cast<int>(offset) : 0;
+        if (!page_ok && tile * kBlockN < span.length) s_bad_tile[stage] = tile;
+      }
+      const int64_t off0 = static_cast<int64_t>(first_row) * kv_row_elems + ld_chunk * kElemsPerChunk;
 #pragma unroll
       for (int i = 0; i < Cfg::kLoadsPerThread; ++i)
         copy(stage, ld_row + i * Cfg::kRowsPerPass, off0 + i * pass_elems,
-             j0 + i * Cfg::kRowsPerPass < span.length);
+             page_ok && j0 + i * Cfg::kRowsPerPass < span.length);
       return;
     }
     bool bad = false;
