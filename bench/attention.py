@@ -18,7 +18,7 @@ DTYPE = jnp.bfloat16
 # samples of one kernel spread by +-5% (clocks 1470-1980 MHz); with the
 # median of three, cells of unchanged kernels moved by 5-10% between sweeps
 # (bench/NOTES.md, thirty-ninth session).
-REPEATS = int(os.environ.get("JAXCRAFT_BENCH_REPEATS", "9"))
+REPEATS = 9
 # XLA's attention materializes B x N x S x S logits: skip it past this length.
 XLA_MAX_SEQLEN = 2048
 # JAXCRAFT_BENCH_QUICK=1: the headline rows only (short device leases).
@@ -84,7 +84,7 @@ def run(bandwidth: float, specs=None):
                                     reps=3)
         except Exception as e:  # noqa: BLE001 - a peer that fails is reported, not fatal
           print(f"  {spec.name} {name} {mode}: failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
-      for name, sec in time_interleaved(timers, REPEATS).items():
+      for name, sec in time_interleaved(timers, default=REPEATS).items():
         rows.append(dict(op="attention", shape=spec.name, head_dim=spec.head_dim,
                          seqlen=spec.seqlen, causal=spec.causal, impl=name, mode=mode,
                          us=sec * 1e6, tflops=flops / sec / 1e12))

@@ -77,8 +77,8 @@ class ChainTimer:
     return max(t_long - t_short, 1e-9) / (self.long - self.short)
 
 
-def _repeats(repeats):
-  return repeats or int(os.environ.get("JAXCRAFT_BENCH_REPEATS", "3"))
+def _repeats(repeats, default=3):
+  return repeats or int(os.environ.get("JAXCRAFT_BENCH_REPEATS", str(default)))
 
 
 def time_step(step, carry, *consts, repeats=None, **chain) -> float:
@@ -99,14 +99,15 @@ def time_step(step, carry, *consts, repeats=None, **chain) -> float:
   return time_interleaved({None: ChainTimer(step, carry, *consts, **chain)}, repeats)[None]
 
 
-def time_interleaved(timers: dict, repeats=None) -> dict:
+def time_interleaved(timers: dict, repeats=None, default=3) -> dict:
   """The median seconds per step of each ChainTimer in `timers` (name ->
   timer), their repeats taken in turn, in alternating order (a b, b a, a b,
   ...), so that the GPU's clocks, which move with its power draw over a
-  row's seconds, move every implementation of a row alike."""
+  row's seconds, move every implementation of a row alike. `repeats`
+  defaults to the JAXCRAFT_BENCH_REPEATS variable, else `default`."""
   samples = {name: [timer.first] for name, timer in timers.items()}
   names = list(timers)
-  for r in range(_repeats(repeats) - 1):
+  for r in range(_repeats(repeats, default) - 1):
     for name in (names if r % 2 else names[::-1]):
       samples[name].append(timers[name].sample())
   return {name: float(np.median(s)) for name, s in samples.items()}
