@@ -182,10 +182,9 @@ __global__ void __launch_bounds__(MmaConfig<T, kHeadDim>::kThreads, 1)
       int first_row = seq_row0 + j0;  // the cache row of key j0
       bool page_ok = true;
       if (tile_pages) {
-        page_ok = pages[0] >= 0 && pages[0] < p.num_pages;
-        uint32_t logical, offset;
-        a.page_size.divmod(static_cast<uint32_t>(j0), logical, offset);
-        first_row = page_ok ? pages[0] * static_cast<int>(p.page_size) + static_cast<int>(offset) : 0;
+        const int row = cache_row(a, pages[0], j0);  // -1: the entry names no page of the cache
+        page_ok = row >= 0;
+        first_row = page_ok ? row : 0;
         if (!page_ok && tile * kBlockN < span.length) s_bad_tile[stage] = tile;
       }
       const int64_t off0 = static_cast<int64_t>(first_row) * kv_row_elems + ld_chunk * kElemsPerChunk;
