@@ -252,11 +252,14 @@ def test_out_of_range_pages_are_masked(platform):
   np.testing.assert_allclose(_np(out), _np(expected), atol=1e-5)
 
 
-@pytest.mark.parametrize("page_size, dtype", [(64, jnp.bfloat16), (128, jnp.float16)], ids=str)
-def test_out_of_range_whole_tile_pages(platform, page_size, dtype):
-  """Pages that hold whole key tiles: the 16-bit CUDA kernel reads one table
-  entry per tile there, so a bad entry masks the whole tile."""
-  q, k, v = _inputs(3, 2, 4 * page_size, 8, 2, 64, dtype, seed=page_size)
+@pytest.mark.parametrize("page_size, dtype, head_dim", [(64, jnp.bfloat16, 64), (128, jnp.float16, 64),
+                                                        (16, jnp.bfloat16, 128), (32, jnp.float16, 64),
+                                                        (8, jnp.bfloat16, 256)], ids=str)
+def test_out_of_range_pages_by_size(platform, page_size, dtype, head_dim):
+  """Bad table entries at 16-bit dtypes, on both of the CUDA kernel's paged
+  loaders: one entry per 64-key tile (pages of 64 and more) and one per row
+  (smaller pages). A bad entry masks every key it covers, and nothing else."""
+  q, k, v = _inputs(3, 2, 4 * page_size, 8, 2, head_dim, dtype, seed=page_size)
   kp, vp, tables = _page(k, v, page_size, seed=page_size)
   bad = tables.at[0, 1].set(-1).at[1, 3].set(kp.shape[0] + 5).at[2, 0].set(2**31 - 1)
   lengths = jnp.array([4 * page_size, 3 * page_size + 5, 2 * page_size - 1], jnp.int32)

@@ -7,12 +7,16 @@
 //     cpp/kernels/decode/standalone_test.cu cpp/kernels/decode/launch_decode.cu -o /tmp/decode_test
 //   /tmp/decode_test          # correctness
 //   /tmp/decode_test bench    # + GB/s of K + V at 32/8 heads, D128, bf16, Tq 1
+//   /tmp/decode_test profile B  # the batch-B rows once each, for Nsight Compute:
+//     ncu --profile-from-start off --set full -k regex:decode_split /tmp/decode_test profile 256
 #include <cuda_bf16.h>
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -164,6 +168,29 @@ bool run_case(const Case& c, std::mt19937& rng) {
       tables[size_t(max_pages) * (c.B - 1)] = num_pages + 100;  // last sequence, first page
     }
   }
+  // NaN in every cache row no query may see (past a sequence's length, and
+  // the pages no table names): a kernel that lets such a row into P V, even
+  // with a zero weight, returns NaN.
+  {
+    std::vector<bool> visible(size_t(num_pages) * page_size, false);
+    for (int b = 0; b < c.B; ++b)
+      for (int j = 0; j < std::min(lengths[b], capacity); ++j) {
+        const int64_t page = paged ? tables[size_t(b) * max_pages + j / page_size] : b;
+        if (page >= 0 && page < num_pages) visible[size_t(page) * page_size + j % page_size] = true;
+      }
+    const uint32_t nan32 = 0x7fc00000u;
+    const uint16_t nan16 = c.dtype == DType::kBF16 ? 0x7fc0 : 0x7e00;
+    const size_t row_elems = size_t(c.K) * c.H;
+    for (size_t row = 0; row < visible.size(); ++row) {
+      if (visible[row]) continue;
+      for (size_t e = row * row_elems; e < (row + 1) * row_elems; ++e) {
+        for (auto* bytes : {&k_bytes, &v_bytes}) {
+          if (elem_size(c.dtype) == 4) std::memcpy(&(*bytes)[e * 4], &nan32, 4);
+          else std::memcpy(&(*bytes)[e * 2], &nan16, 2);
+        }
+      }
+    }
+  }
   const float scale = 1.f / std::sqrt(float(c.H));
   const auto ref = reference(c, q, k, v, lengths, tables, num_pages, scale);
 
@@ -260,13 +287,17 @@ __global__ void read_all(const uint4* a, const uint4* b, size_t n, uint32_t* sin
 
 // GB/s of K + V read (2 B S K D bytes) at 32/8 heads, D128, bf16, Tq = 1;
 // at 8 x 32k also the read-only ceiling over the same bytes.
-void bench() {
+// Times the benchmark rows. `profile_batch` > 0: only the rows of that
+// batch, each cache layout launched once more between cudaProfilerStart and
+// cudaProfilerStop (for `ncu --profile-from-start off`), no timings.
+void bench(int profile_batch = 0) {
   struct Shape { int B, S; };
   const Shape shapes[] = {{1, 131072}, {8, 32768}, {64, 4096}, {256, 1024}};
   // Pages of 64 keys (the JAX benchmark's) and of 16 (vLLM's default).
   const int N = 32, K = 8, H = 128, kMaxSplits = 128, kIters = 20;
   std::mt19937 rng(7);
   for (const Shape& s : shapes) {
+    if (profile_batch > 0 && s.B != profile_batch) continue;
     const size_t kv_elems = size_t(s.B) * s.S * K * H;
     const size_t kv_bytes = 2 * kv_elems * 2;
     void *q, *o, *k, *v;
@@ -280,7 +311,7 @@ void bench() {
     jaxcraft_test::fill_random<<<1024, 256>>>(static_cast<__nv_bfloat16*>(k), kv_elems, 2u);
     jaxcraft_test::fill_random<<<1024, 256>>>(static_cast<__nv_bfloat16*>(v), kv_elems, 3u);
     CHECK(cudaGetLastError());
-    if (s.B == 8) {
+    if (s.B == 8 && profile_batch == 0) {
       uint32_t* sink;
       CHECK(cudaMalloc(&sink, sizeof(uint32_t)));
       int sms = 0;
@@ -330,8 +361,18 @@ void bench() {
       p.partial_o = po;
       p.partial_lse = pl;
       p.max_splits = kMaxSplits;
-      const double sec = jaxcraft_test::mean_launch_ms([&] { return launch_decode_attention(p, 0); }, kIters) / 1e3;
       const std::string name = paged ? "paged" + std::to_string(page) : "contiguous";
+      if (profile_batch > 0) {
+        CHECK(launch_decode_attention(p, 0));  // warm-up
+        CHECK(cudaProfilerStart());
+        CHECK(launch_decode_attention(p, 0));
+        CHECK(cudaDeviceSynchronize());
+        CHECK(cudaProfilerStop());
+        std::printf("%4d x %6d %-10s profiled\n", s.B, s.S, name.c_str());
+        CHECK(cudaFree(tab));
+        continue;
+      }
+      const double sec = jaxcraft_test::mean_launch_ms([&] { return launch_decode_attention(p, 0); }, kIters) / 1e3;
       std::printf("%4d x %6d %-10s %8.1f us %7.0f GB/s\n", s.B, s.S, name.c_str(), sec * 1e6,
                   kv_bytes / sec / 1e9);
       CHECK(cudaFree(tab));
@@ -345,6 +386,10 @@ void bench() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 2 && std::string(argv[1]) == "profile") {  // profile B: no correctness cases
+    bench(std::atoi(argv[2]));
+    return 0;
+  }
   std::mt19937 rng(1234);
   const Case cases[] = {
       {"bf16 d128 gqa contiguous", DType::kBF16, 6, 1, 32, 8, 128, 700, 0},
@@ -364,6 +409,9 @@ int main(int argc, char** argv) {
       {"bf16 d64 paged128 bad pages, 1 split", DType::kBF16, 5, 2, 8, 2, 64, 768, 128, 0.f, -1, 0,
        true},
       {"f16 d128 paged 40, window 70", DType::kF16, 5, 1, 16, 4, 128, 800, 40, 0.f, 70},
+      {"bf16 d256 paged8 bad pages, window 45", DType::kBF16, 4, 2, 8, 2, 256, 320, 8, 0.f, 45, 64,
+       true},
+      {"f16 d64 tq4 paged32 bad pages", DType::kF16, 5, 4, 16, 2, 64, 704, 32, 0.f, -1, 64, true},
       {"f32 d128 gqa contiguous", DType::kF32, 6, 1, 32, 8, 128, 700, 0},
       {"f32 d64 tq5 paged8 window 9", DType::kF32, 5, 5, 8, 2, 64, 400, 8, 0.f, 9},
       {"f32 d256 mqa tq3 (3 row chunks)", DType::kF32, 4, 3, 4, 1, 256, 520, 0, 2.f},
