@@ -3,7 +3,8 @@ vs cuDNN vs XLA vs Pallas' GPU decode kernel, against the copy ceiling.
 
 One new token (Tq = 1), 32 query / 8 KV heads, head dim 128, bf16, every
 sequence at its full length; rows B x S in 1 x 128k, 8 x 32k, 64 x 4k,
-256 x 1k. The paged cache has 64-row pages in a shuffled block table. The
+256 x 1k. The paged caches have 64-row pages (the issue's) and 16-row pages
+(vLLM's default), each in a shuffled block table. The
 minimum traffic is K and V read once: 2 B S K D bytes (q and the output are
 B N D each, < 0.01% here). JAXCRAFT_BENCH_SMOKE=1: tiny shapes (CPU plumbing
 check; the numbers mean nothing).
@@ -32,7 +33,7 @@ class DecodeSpec:
   kv_heads: int = 8
   head_dim: int = 128
   tokens: int = 1
-  page_size: int = 64
+  page_sizes: tuple = (64, 16)
 
   @property
   def name(self) -> str:
@@ -48,34 +49,40 @@ DECODE_SPECS = [DecodeSpec(1, 131072), DecodeSpec(8, 32768), DecodeSpec(64, 4096
                 DecodeSpec(256, 1024)]
 # Small versions of the same layout (tests/test_decode_attention.py runs the
 # kernels on shapes like these).
-DECODE_SMOKE_SPECS = [DecodeSpec(1, 2048, page_size=16), DecodeSpec(4, 512)]
+DECODE_SMOKE_SPECS = [DecodeSpec(1, 2048, page_sizes=(16,)), DecodeSpec(4, 512)]
 
 
 def _inputs(spec):
-  keys = jax.random.split(jax.random.key(0), 5)
+  """q, and the constants per cache: "dense" (k, v, lengths) and, per page
+  size, "paged<size>" (k_pages, v_pages, lengths, tables)."""
+  keys = jax.random.split(jax.random.key(0), 3 + 2 * len(spec.page_sizes))
   B, S, K, D = spec.batch, spec.seqlen, spec.kv_heads, spec.head_dim
   q = jax.random.normal(keys[0], (B, spec.tokens, spec.heads, D), DTYPE)
   k = jax.random.normal(keys[1], (B, S, K, D), DTYPE)
   v = jax.random.normal(keys[2], (B, S, K, D), DTYPE)
   lengths = jnp.full((B,), S, jnp.int32)
-  pages = B * S // spec.page_size
-  k_pages = jax.random.normal(keys[3], (pages, spec.page_size, K, D), DTYPE)
-  v_pages = jax.random.normal(keys[4], (pages, spec.page_size, K, D), DTYPE)
-  tables = jnp.asarray(np.random.default_rng(0).permutation(pages).reshape(B, -1), jnp.int32)
-  return q, (k, v, lengths), (k_pages, v_pages, lengths, tables)
+  caches = {"dense": (k, v, lengths)}
+  for i, size in enumerate(spec.page_sizes):
+    pages = B * S // size
+    k_pages = jax.random.normal(keys[3 + 2 * i], (pages, size, K, D), DTYPE)
+    v_pages = jax.random.normal(keys[4 + 2 * i], (pages, size, K, D), DTYPE)
+    tables = jnp.asarray(np.random.default_rng(i).permutation(pages).reshape(B, -1), jnp.int32)
+    caches[f"paged{size}"] = (k_pages, v_pages, lengths, tables)
+  return q, caches
 
 
 def _impls(spec):
-  """name -> (step(q, *consts) -> q', which consts, is a custom call)."""
-  impls = {
-      "jaxcraft": (lambda q, k, v, n: jaxcraft.decode_attention(q, k, v, n), "dense", True),
-      "jaxcraft-paged": (lambda q, k, v, n, t: jaxcraft.decode_attention(q, k, v, n, block_tables=t),
-                         "paged", True),
+  """name -> (step(q, *consts) -> q', which cache's consts, is a custom call)."""
+  paged = lambda q, k, v, n, t: jaxcraft.decode_attention(q, k, v, n, block_tables=t)
+  impls = {"jaxcraft": (lambda q, k, v, n: jaxcraft.decode_attention(q, k, v, n), "dense", True)}
+  for size in spec.page_sizes:  # the issue's 64-row pages keep the name "jaxcraft-paged"
+    impls["jaxcraft-paged" if size == 64 else f"jaxcraft-paged{size}"] = (paged, f"paged{size}", True)
+  impls.update({
       "cudnn": (lambda q, k, v, n: jax.nn.dot_product_attention(
           q, k, v, key_value_seq_lengths=n, implementation="cudnn"), "dense", True),
       "xla": (lambda q, k, v, n: jax.nn.dot_product_attention(
           q, k, v, key_value_seq_lengths=n, implementation="xla"), "dense", False),
-  }
+  })
   try:  # Pallas' split-K decode kernel (Triton): q [B, N, D], kv_seq_len [B]
     from jax.experimental.pallas.ops.gpu import decode_attention as pallas_decode
     impls["pallas"] = (lambda q, k, v, n: pallas_decode.gqa(q[:, 0], k, v, kv_seq_len=n)[:, None],
@@ -90,13 +97,13 @@ def run(bandwidth: float, specs=None):
   specs = specs or (DECODE_SMOKE_SPECS if smoke else DECODE_SPECS)
   rows = []
   for spec in specs:
-    q, dense, paged = _inputs(spec)
+    q, caches = _inputs(spec)
     nbytes = spec.kv_bytes(jnp.dtype(DTYPE).itemsize)
     timers = {}
     for name, (fn, which, custom_call) in _impls(spec).items():
       if smoke and name in ("cudnn", "pallas"):
         continue
-      consts = dense if which == "dense" else paged
+      consts = caches[which]
       try:
         timers[name] = ChainTimer(fn, q, *consts, custom_call=custom_call, short=2, long=8, reps=5)
       except Exception as e:  # noqa: BLE001 - an unsupported peer is reported, not fatal

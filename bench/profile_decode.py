@@ -23,7 +23,8 @@ def main():
   for spec in decode.DECODE_SPECS:
     if wanted and spec.name not in wanted:
       continue
-    q, dense, _ = decode._inputs(spec)
+    q, caches = decode._inputs(spec)
+    dense = caches["dense"]
     impls = decode._impls(spec)
     for name in IMPLS:
       fn = jax.jit(impls[name][0])

@@ -254,11 +254,14 @@ def test_out_of_range_pages_are_masked(platform):
 
 @pytest.mark.parametrize("page_size, dtype, head_dim", [(64, jnp.bfloat16, 64), (128, jnp.float16, 64),
                                                         (16, jnp.bfloat16, 128), (32, jnp.float16, 64),
-                                                        (8, jnp.bfloat16, 256)], ids=str)
+                                                        (8, jnp.bfloat16, 256), (24, jnp.bfloat16, 128)],
+                         ids=str)
 def test_out_of_range_pages_by_size(platform, page_size, dtype, head_dim):
-  """Bad table entries at 16-bit dtypes, on both of the CUDA kernel's paged
-  loaders: one entry per 64-key tile (pages of 64 and more) and one per row
-  (smaller pages). A bad entry masks every key it covers, and nothing else."""
+  """Bad table entries at 16-bit dtypes, on each of the CUDA kernel's paged
+  loaders: one entry per 64-key tile (pages of 64 and more), one per loader
+  pass (smaller powers of two: 8 rows a pass at head dim 128, 16 at 64, 4 at
+  256) and one per row (the rest, 24 here). A bad entry masks every key it
+  covers, and nothing else."""
   q, k, v = _inputs(3, 2, 4 * page_size, 8, 2, head_dim, dtype, seed=page_size)
   kp, vp, tables = _page(k, v, page_size, seed=page_size)
   bad = tables.at[0, 1].set(-1).at[1, 3].set(kp.shape[0] + 5).at[2, 0].set(2**31 - 1)

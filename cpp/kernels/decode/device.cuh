@@ -28,6 +28,7 @@ struct DecodeArgs {
   int num_splits = 1;
   int row_chunks = 1;          // CTAs that share one (b, kv head, split), kRows rows each
   FastDivmod page_size;        // key position -> (logical page, row in page)
+  int page_shift = 0;          // log2(page_size) where it is a power of two
   FastDivmod group;            // query row r -> (token t, head in group g), r = t * G + g
   int first_wave = 0;          // CTAs resident at once: the ones that may start early
 };

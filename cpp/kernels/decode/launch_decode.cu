@@ -52,8 +52,10 @@ int choose_splits(int64_t ctas, int64_t keys, int64_t resident, int64_t max_spli
   return static_cast<int>(splits);
 }
 
-// Launches split kernel `kernel` (Cfg: its tile constants) and the combine.
-template <typename T, typename Cfg>
+// Launches split kernel `kernel` (Cfg: its tile constants; kVariant tells
+// apart kernels of one Cfg, whose occupancy is cached separately) and the
+// combine.
+template <typename T, typename Cfg, int kVariant = 0>
 cudaError_t run(const DecodeParams& p, void (*kernel)(DecodeArgs), size_t smem,
                 cudaStream_t stream) {
   static std::atomic<int> resident_cache[kMaxCachedDevices];  // CTAs per SM, per device
@@ -73,6 +75,7 @@ cudaError_t run(const DecodeParams& p, void (*kernel)(DecodeArgs), size_t smem,
   a.p = p;
   a.group = FastDivmod::make(static_cast<uint32_t>(p.group()));
   a.page_size = FastDivmod::make(static_cast<uint32_t>(std::max<int64_t>(p.page_size, 1)));
+  while ((int64_t{2} << a.page_shift) <= p.page_size) ++a.page_shift;  // floor(log2)
   a.row_chunks = static_cast<int>(ceil_div(p.rows_per_kv_head(), Cfg::kRows));
   const int64_t ctas = p.batch * p.num_kv_heads * a.row_chunks;
   int64_t keys = p.capacity();  // the longest key span a query group can see
@@ -99,19 +102,33 @@ cudaError_t run(const DecodeParams& p, void (*kernel)(DecodeArgs), size_t smem,
 // Head dims are padded up to a bucket (zeros in shared memory, no global reads).
 int head_dim_bucket(int64_t head_dim) { return head_dim <= 64 ? 64 : (head_dim <= 128 ? 128 : 256); }
 
+template <typename T, int kHeadDim>
+cudaError_t run_mma_head_dim(const DecodeParams& p, cudaStream_t stream) {
+  using Cfg = decode::MmaConfig<T, kHeadDim>;
+  using decode::KvLayout;
+  constexpr size_t smem = Cfg::kSmemBytes;
+  switch (Cfg::kv_layout(p)) {
+    case KvLayout::kContiguous:
+      return run<T, Cfg, 0>(p, decode::decode_split_mma_kernel<T, kHeadDim, KvLayout::kContiguous>,
+                            smem, stream);
+    case KvLayout::kTilePages:
+      return run<T, Cfg, 1>(p, decode::decode_split_mma_kernel<T, kHeadDim, KvLayout::kTilePages>,
+                            smem, stream);
+    case KvLayout::kPassPages:
+      return run<T, Cfg, 2>(p, decode::decode_split_mma_kernel<T, kHeadDim, KvLayout::kPassPages>,
+                            smem, stream);
+    default:
+      return run<T, Cfg, 3>(p, decode::decode_split_mma_kernel<T, kHeadDim, KvLayout::kRowPages>,
+                            smem, stream);
+  }
+}
+
 template <typename T>
 cudaError_t run_mma(const DecodeParams& p, cudaStream_t stream) {
-  using decode::MmaConfig;
   switch (head_dim_bucket(p.head_dim)) {
-    case 64:
-      return run<T, MmaConfig<T, 64>>(p, decode::decode_split_mma_kernel<T, 64>,
-                                      MmaConfig<T, 64>::kSmemBytes, stream);
-    case 128:
-      return run<T, MmaConfig<T, 128>>(p, decode::decode_split_mma_kernel<T, 128>,
-                                       MmaConfig<T, 128>::kSmemBytes, stream);
-    default:
-      return run<T, MmaConfig<T, 256>>(p, decode::decode_split_mma_kernel<T, 256>,
-                                       MmaConfig<T, 256>::kSmemBytes, stream);
+    case 64: return run_mma_head_dim<T, 64>(p, stream);
+    case 128: return run_mma_head_dim<T, 128>(p, stream);
+    default: return run_mma_head_dim<T, 256>(p, stream);
   }
 }
 

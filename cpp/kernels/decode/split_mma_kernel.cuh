@@ -25,6 +25,15 @@
 namespace jaxcraft {
 namespace decode {
 
+// How the loader addresses the cache (the launcher picks it per call, see
+// kv_layout; one kernel per layout keeps the others' code out of its loop).
+enum class KvLayout {
+  kContiguous,  // [B, S, K, H]
+  kTilePages,   // pages of whole key tiles: one table entry per tile
+  kPassPages,   // power-of-two pages of whole loader passes: one entry per pass
+  kRowPages,    // other page sizes: one entry per row
+};
+
 template <typename T, int kHeadDim>
 struct MmaConfig {
   static constexpr int kThreads = 128;
@@ -59,9 +68,17 @@ struct MmaConfig {
   __device__ static int swizzle(int row, int chunk) {
     return row * kHeadDim + ((chunk ^ (row & 7)) * (kCpAsyncBytes / int(sizeof(T))));
   }
+
+  static KvLayout kv_layout(const DecodeParams& p) {
+    if (!p.paged) return KvLayout::kContiguous;
+    if (p.page_size % kBlockN == 0) return KvLayout::kTilePages;
+    const bool power_of_two = (p.page_size & (p.page_size - 1)) == 0;
+    if (power_of_two && p.page_size % kRowsPerPass == 0) return KvLayout::kPassPages;
+    return KvLayout::kRowPages;
+  }
 };
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, KvLayout kLayout>
 __global__ void __launch_bounds__(MmaConfig<T, kHeadDim>::kThreads, 1)
     decode_split_mma_kernel(const __grid_constant__ DecodeArgs a) {
   using Cfg = MmaConfig<T, kHeadDim>;
@@ -108,7 +125,7 @@ __global__ void __launch_bounds__(MmaConfig<T, kHeadDim>::kThreads, 1)
   // here (.cg: not kept in L1): it only aims the prefetch, which reads
   // nothing stale. Later waves skip it: they start after that kernel, and
   // the length's round trip would only delay them (256 x 1k: 1% slower).
-  if (!p.paged && chunk == 0 && blockIdx.x < a.first_wave) {
+  if (kLayout == KvLayout::kContiguous && chunk == 0 && blockIdx.x < a.first_wave) {
     const SeqSpan guess = seq_span_of(p, __ldcg(p.kv_lengths + b));
     int first, end;
     split_tiles<kBlockN>(guess, split, a.num_splits, first, end);
@@ -145,26 +162,35 @@ __global__ void __launch_bounds__(MmaConfig<T, kHeadDim>::kThreads, 1)
   // Loader: thread tid copies chunk ld_chunk of tile rows ld_row + i * kRowsPerPass
   // (columns past head_dim and keys outside the cache are zero-filled). A
   // paged cache's page entries are read one tile ahead (pages[]) so that the
-  // table loads' latency overlaps the math. Pages that hold whole tiles
-  // (page_size a multiple of kBlockN) need one entry per tile, in pages[0],
-  // and then a tile's rows are consecutive cache rows, addressed as a
-  // contiguous cache's are: a table load and an address per row were most
-  // of the paged loader's instructions.
+  // table loads' latency overlaps the math. A table load and an address per
+  // row were most of the paged loader's instructions, so rows share them
+  // where the page size allows (KvLayout, chosen by the launcher): a page of
+  // whole tiles needs one entry per tile (pages[0]), whose rows are then
+  // consecutive cache rows, addressed as a contiguous cache's; a page of
+  // whole loader passes whose size is a power of two (vLLM's 16 at D128)
+  // needs one entry per pass, placed in its page by a shift and a mask.
   const int ld_chunk = tid % Cfg::kChunks, ld_row = tid / Cfg::kChunks;
   const bool chunk_ok = ld_chunk * kElemsPerChunk < head_dim;
   const int64_t pass_elems = Cfg::kRowsPerPass * kv_row_elems;
-  const bool tile_pages = p.paged && a.page_size.divisor % kBlockN == 0;
+  constexpr bool kTilePages = kLayout == KvLayout::kTilePages;
   int pages[Cfg::kLoadsPerThread];
   auto lookup = [&](int tile) {
-    if (!p.paged) return;
-    if (tile_pages) {
-      pages[0] = tile * kBlockN < span.length ? page_of(a, b, tile * kBlockN) : -1;
+    if constexpr (kLayout == KvLayout::kContiguous) {
       return;
-    }
+    } else if constexpr (kTilePages) {
+      pages[0] = tile * kBlockN < span.length ? page_of(a, b, tile * kBlockN) : -1;
+    } else {
+      const int32_t* table = p.block_tables + static_cast<int64_t>(b) * p.max_pages;
 #pragma unroll
-    for (int i = 0; i < Cfg::kLoadsPerThread; ++i) {
-      const int j = tile * kBlockN + ld_row + i * Cfg::kRowsPerPass;
-      pages[i] = j < span.length ? page_of(a, b, j) : -1;
+      for (int i = 0; i < Cfg::kLoadsPerThread; ++i) {
+        const int pass = tile * kBlockN + i * Cfg::kRowsPerPass;  // the pass's first key
+        if constexpr (kLayout == KvLayout::kPassPages) {
+          pages[i] = pass < span.length ? __ldg(table + (pass >> a.page_shift)) : -1;
+        } else {
+          const int j = pass + ld_row;
+          pages[i] = j < span.length ? page_of(a, b, j) : -1;
+        }
+      }
     }
   };
   // One 16-byte chunk of tile row r for K and V, `off` elements into the
@@ -178,10 +204,11 @@ __global__ void __launch_bounds__(MmaConfig<T, kHeadDim>::kThreads, 1)
   };
   auto issue = [&](int tile, int stage) {
     const int j0 = tile * kBlockN + ld_row;
-    if (!p.paged || tile_pages) {  // the thread's rows are kRowsPerPass apart in the cache
+    if constexpr (kLayout == KvLayout::kContiguous || kTilePages) {
+      // The thread's rows are kRowsPerPass apart in the cache.
       int first_row = seq_row0 + j0;  // the cache row of key j0
       bool page_ok = true;
-      if (tile_pages) {
+      if constexpr (kTilePages) {
         const int row = cache_row(a, pages[0], j0);  // -1: the entry names no page of the cache
         page_ok = row >= 0;
         first_row = page_ok ? row : 0;
@@ -192,18 +219,27 @@ __global__ void __launch_bounds__(MmaConfig<T, kHeadDim>::kThreads, 1)
       for (int i = 0; i < Cfg::kLoadsPerThread; ++i)
         copy(stage, ld_row + i * Cfg::kRowsPerPass, off0 + i * pass_elems,
              page_ok && j0 + i * Cfg::kRowsPerPass < span.length);
-      return;
-    }
-    bool bad = false;
+    } else {
+      bool bad = false;
 #pragma unroll
-    for (int i = 0; i < Cfg::kLoadsPerThread; ++i) {
-      const int j = j0 + i * Cfg::kRowsPerPass;
-      const int row = cache_row(a, pages[i], j);
-      bad |= row < 0 && j < span.length;
-      copy(stage, ld_row + i * Cfg::kRowsPerPass,
-           static_cast<int64_t>(row) * kv_row_elems + ld_chunk * kElemsPerChunk, row >= 0);
+      for (int i = 0; i < Cfg::kLoadsPerThread; ++i) {
+        const int j = j0 + i * Cfg::kRowsPerPass;
+        int row;  // -1: the entry names no page of the cache
+        if constexpr (kLayout == KvLayout::kPassPages) {
+          const int in_page = (j - ld_row) & (static_cast<int>(p.page_size) - 1);
+          row = static_cast<uint32_t>(pages[i]) < static_cast<uint32_t>(p.num_pages)
+                    ? (pages[i] << a.page_shift) + in_page + ld_row
+                    : -1;
+        } else {
+          row = cache_row(a, pages[i], j);
+        }
+        bad |= row < 0 && j < span.length;
+        copy(stage, ld_row + i * Cfg::kRowsPerPass,
+             static_cast<int64_t>(row) * kv_row_elems + ld_chunk * kElemsPerChunk,
+             row >= 0 && j < span.length);  // a pass's entry also covers rows past the length
+      }
+      if (bad) s_bad_tile[stage] = tile;  // every writer writes the same value
     }
-    if (bad) s_bad_tile[stage] = tile;  // every writer writes the same value
   };
 
   if (num_tiles > 0) lookup(tile_begin);
