@@ -52,6 +52,12 @@ DECODE_SPECS = [DecodeSpec(1, 131072), DecodeSpec(8, 32768), DecodeSpec(64, 4096
 DECODE_SMOKE_SPECS = [DecodeSpec(1, 2048, page_sizes=(16,)), DecodeSpec(4, 512)]
 
 
+def specs_named(names: str):
+  """The benchmark rows named in a comma-separated list ("1 x 128k,8 x 32k"); all when empty."""
+  wanted = [n for n in names.split(",") if n]
+  return [s for s in DECODE_SPECS if not wanted or s.name in wanted]
+
+
 def _inputs(spec):
   """q, and the constants per cache: "dense" (k, v, lengths) and, per page
   size, "paged<size>" (k_pages, v_pages, lengths, tables)."""

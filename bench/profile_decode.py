@@ -19,10 +19,7 @@ IMPLS = ("jaxcraft", "cudnn")
 
 
 def main():
-  wanted = [s for s in os.environ.get("PROFILE_DECODE_SHAPES", "").split(",") if s]
-  for spec in decode.DECODE_SPECS:
-    if wanted and spec.name not in wanted:
-      continue
+  for spec in decode.specs_named(os.environ.get("PROFILE_DECODE_SHAPES", "")):
     q, caches = decode._inputs(spec)
     dense = caches["dense"]
     impls = decode._impls(spec)
