@@ -364,6 +364,9 @@ __global__ void __launch_bounds__(MmaConfig<T, kHeadDim>::kThreads, 1)
   for (int dt = 0; dt < kDimTiles; ++dt) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
+      // Padding rows (the chunk past its group's G x Tq) are never read:
+      // at G x Tq = 4 three quarters of the stores.
+      if (row0 + g + 8 * half >= group_rows) continue;
       float* dst = Cfg::Epi::o_slot(s_o, warp, g + 8 * half) + dt * 8 + tig * 2;
       *reinterpret_cast<float2*>(dst) = make_float2(o[0][dt][2 * half], o[0][dt][2 * half + 1]);
     }
