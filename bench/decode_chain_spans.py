@@ -5,7 +5,10 @@ device span (first kernel's start to last kernel's end). Per step, each is
 (long - short) / (L - 2); wall minus span is host time the cell counts.
 jaxcraft and cuDNN alternate, in one process.
 
-  python bench/decode_chain_spans.py ["1 x 128k,256 x 1k"] [rounds]
+  python bench/decode_chain_spans.py ["1 x 128k,256 x 1k"] [rounds] [short chain length]
+
+(the bench's chains, decode.CHAIN, unless a short length is given: 2 shows
+what the bench measured before timing.GRAPH_STEPS)
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ def main():
     q, caches = decode._inputs(spec)
     consts = caches["dense"]
     impls = decode._impls(spec)
-    timers = {n: ChainTimer(impls[n][0], q, *consts, short=2, long=8, reps=5) for n in IMPLS}
+    chain = dict(decode.CHAIN, short=int(sys.argv[3])) if len(sys.argv) > 3 else decode.CHAIN
+    timers = {n: ChainTimer(impls[n][0], q, *consts, **chain) for n in IMPLS}
     walls = {n: {"short": [], "long": []} for n in IMPLS}
     spans = {n: {"short": [], "long": []} for n in IMPLS}
     kernels, idle = {}, {n: [] for n in IMPLS}

@@ -31,6 +31,16 @@ import numpy as np
 # first (a 64-step unrolled chain) and keep a shorter span.
 MIN_SPAN_S = 0.01
 
+# The shortest chain of custom calls that XLA runs as one CUDA graph in both
+# chains of a pair: XLA forms a command buffer only from 5 commands on
+# (`--xla_gpu_graph_min_graph_size`), and cuDNN's calls go into one, so a
+# 2-step chain of cuDNN calls ran without a graph (on an H200 its device span
+# held 150 us of launch gaps beside 249 us of kernels, decode 1 x 128k) while
+# the long chain ran in one: the difference then credited cuDNN with the
+# short chain's launch cost (0.5-1% per step on the decode rows).
+# jaxcraft's calls run outside command buffers at any length.
+GRAPH_STEPS = 8
+
 
 def _chain(step, n, unroll):
   @jax.jit
