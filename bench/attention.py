@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 import jaxcraft
 from specs import ATTENTION_SPECS, AttentionSpec
-from timing import ChainTimer, time_interleaved
+from timing import GRAPH_STEPS, ChainTimer, time_interleaved
 
 DTYPE = jnp.bfloat16
 # Chain pairs timed per cell, in turn with the other implementations
@@ -19,6 +19,10 @@ DTYPE = jnp.bfloat16
 # median of three, cells of unchanged kernels moved by 5-10% between sweeps
 # (bench/NOTES.md, thirty-ninth session).
 REPEATS = 9
+# Chain lengths (timing.ChainTimer): the short chain long enough for XLA to
+# run cuDNN's calls as a CUDA graph (timing.GRAPH_STEPS; the thirty-ninth
+# session's sweep used 1 step), the long one grown to a 10 ms span.
+CHAIN = dict(short=GRAPH_STEPS, long=GRAPH_STEPS + 2, reps=3, max_long=GRAPH_STEPS + 64)
 # XLA's attention materializes B x N x S x S logits: skip it past this length.
 XLA_MAX_SEQLEN = 2048
 # JAXCRAFT_BENCH_QUICK=1: the headline rows only (short device leases).
@@ -80,8 +84,7 @@ def run(bandwidth: float, specs=None):
       timers = {}
       for name, fn in impls.items():
         try:
-          timers[name] = ChainTimer(make(fn), q, k, v, custom_call=name != "xla", short=1, long=4,
-                                    reps=3)
+          timers[name] = ChainTimer(make(fn), q, k, v, custom_call=name != "xla", **CHAIN)
         except Exception as e:  # noqa: BLE001 - a peer that fails is reported, not fatal
           print(f"  {spec.name} {name} {mode}: failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
       for name, sec in time_interleaved(timers, default=REPEATS).items():

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxcraft
+from attention import CHAIN
 from timing import time_step
 
 DTYPE = jnp.bfloat16
@@ -46,7 +47,7 @@ def _fwd_bwd(fn):
 
 def _time(rows, case, name, mode, step, args, flops):
   try:
-    sec = time_step(step, *args, short=1, long=4, reps=3)
+    sec = time_step(step, *args, **CHAIN)
   except Exception as e:  # noqa: BLE001 - a peer that fails is reported, not fatal
     print(f"  {case} {name} {mode}: failed: {type(e).__name__}: {str(e)[:160]}", flush=True)
     return
