@@ -53,8 +53,8 @@ int choose_splits(int64_t ctas, int64_t keys, int64_t resident, int64_t max_spli
 }
 
 // Launches split kernel `kernel` (Cfg: its tile constants; kVariant tells
-// apart kernels of one Cfg, whose occupancy is cached separately) and the
-// combine.
+// apart kernels of one Cfg, whose occupancy is cached separately: the
+// cache layout) and the combine.
 template <typename T, typename Cfg, int kVariant = 0>
 cudaError_t run(const DecodeParams& p, void (*kernel)(DecodeArgs), size_t smem,
                 cudaStream_t stream) {
@@ -102,24 +102,22 @@ cudaError_t run(const DecodeParams& p, void (*kernel)(DecodeArgs), size_t smem,
 // Head dims are padded up to a bucket (zeros in shared memory, no global reads).
 int head_dim_bucket(int64_t head_dim) { return head_dim <= 64 ? 64 : (head_dim <= 128 ? 128 : 256); }
 
+// The split kernel for one cache layout; the layout also keys run's caches.
+template <typename T, int kHeadDim, decode::KvLayout kLayout>
+cudaError_t run_layout(const DecodeParams& p, cudaStream_t stream) {
+  using Cfg = decode::MmaConfig<T, kHeadDim>;
+  return run<T, Cfg, static_cast<int>(kLayout)>(
+      p, decode::decode_split_mma_kernel<T, kHeadDim, kLayout>, Cfg::kSmemBytes, stream);
+}
+
 template <typename T, int kHeadDim>
 cudaError_t run_mma_head_dim(const DecodeParams& p, cudaStream_t stream) {
-  using Cfg = decode::MmaConfig<T, kHeadDim>;
   using decode::KvLayout;
-  constexpr size_t smem = Cfg::kSmemBytes;
-  switch (Cfg::kv_layout(p)) {
-    case KvLayout::kContiguous:
-      return run<T, Cfg, 0>(p, decode::decode_split_mma_kernel<T, kHeadDim, KvLayout::kContiguous>,
-                            smem, stream);
-    case KvLayout::kTilePages:
-      return run<T, Cfg, 1>(p, decode::decode_split_mma_kernel<T, kHeadDim, KvLayout::kTilePages>,
-                            smem, stream);
-    case KvLayout::kPassPages:
-      return run<T, Cfg, 2>(p, decode::decode_split_mma_kernel<T, kHeadDim, KvLayout::kPassPages>,
-                            smem, stream);
-    default:
-      return run<T, Cfg, 3>(p, decode::decode_split_mma_kernel<T, kHeadDim, KvLayout::kRowPages>,
-                            smem, stream);
+  switch (decode::MmaConfig<T, kHeadDim>::kv_layout(p)) {
+    case KvLayout::kContiguous: return run_layout<T, kHeadDim, KvLayout::kContiguous>(p, stream);
+    case KvLayout::kTilePages: return run_layout<T, kHeadDim, KvLayout::kTilePages>(p, stream);
+    case KvLayout::kPassPages: return run_layout<T, kHeadDim, KvLayout::kPassPages>(p, stream);
+    default: return run_layout<T, kHeadDim, KvLayout::kRowPages>(p, stream);
   }
 }
 
