@@ -95,8 +95,12 @@ def _impls(spec):
   })
   try:  # Pallas' split-K decode kernel (Triton): q [B, N, D], kv_seq_len [B]
     from jax.experimental.pallas.ops.gpu import decode_attention as pallas_decode
-    impls["pallas"] = (lambda q, k, v, n: pallas_decode.gqa(q[:, 0], k, v, kv_seq_len=n)[:, None],
-                       "dense", True)
+    # gqa returns float32 for bf16 inputs (its final division adds a float32
+    # eps); fed back unconverted, the next call's Q K^T fails in the Triton
+    # lowering ("a and b must have the same element type"). The cast is a
+    # B x N x D convert, as for any layer that keeps the activations' dtype.
+    impls["pallas"] = (lambda q, k, v, n: pallas_decode.gqa(
+        q[:, 0], k, v, kv_seq_len=n)[:, None].astype(q.dtype), "dense", True)
   except ImportError:
     pass
   return impls
