@@ -17,15 +17,22 @@ from jaxcraft import _ffi
 from jaxcraft.ops import norm as norm_ops
 
 
-def _time(fn, *args, reps=20):
-  fn = jax.jit(fn)
-  jax.block_until_ready(fn(*args))
-  times = []
+def _time_pair(fns, args, reps=20, warmup=3):
+  """Median seconds per call of each function, their calls taken in turn:
+  on a shared or few-core machine the speed drifts over a second (the first
+  function timed alone read 3-4x slow on a 2-core CI machine), and
+  alternating calls give both the same conditions."""
+  fns = [jax.jit(fn) for fn in fns]
+  for fn in fns:
+    for _ in range(warmup):
+      jax.block_until_ready(fn(*args))
+  times = [[] for _ in fns]
   for _ in range(reps):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - t0)
-  return float(np.median(times))
+    for fn, ts in zip(fns, times):
+      t0 = time.perf_counter()
+      jax.block_until_ready(fn(*args))
+      ts.append(time.perf_counter() - t0)
+  return [float(np.median(ts)) for ts in times]
 
 
 def _max_err(a, b):
@@ -67,11 +74,11 @@ def main():
     with jax.default_matmul_precision("highest"):
       expected = jax.jit(ref)(*up)
     err = _max_err(jax.jit(ours)(*args), expected)
-    t_ours, t_ref = _time(ours, *args), _time(ref, *args)
+    t_ours, t_ref = _time_pair((ours, ref), args)
     print(f"{name:32s} {jnp.dtype(dtype).name:9s} {err:10.2e} {t_ours * 1e3:8.3f} ms "
           f"{t_ref * 1e3:8.3f} ms")
   print("\nErrors are against the pure-JAX reference on float32 inputs; "
-        "times are medians of 20 jitted calls.")
+        "times are medians of 20 jitted calls, the two taken in turn.")
 
 
 if __name__ == "__main__":

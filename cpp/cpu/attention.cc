@@ -330,7 +330,7 @@ class ForwardWorker {
   void update_row(const TileRow& at, int64_t r, int64_t c0, int64_t c1) {
     const float* q = &q_[r * l_.H];
     float* logits = logits_.data();
-    for (int64_t c = c0; c < c1; ++c) logits[c] = p_.scale * dot(q, &k_[c * l_.H], l_.H);
+    dot_rows(q, k_.data(), l_.H, c0, c1, p_.scale, logits);
     if (mods_.on_logits()) mods_.apply(at, c0, c1, logits, nullptr);
     float block_max = kNegInf;
     for (int64_t c = c0; c < c1; ++c) block_max = std::max(block_max, logits[c]);
@@ -349,7 +349,7 @@ class ForwardWorker {
       mods_.keep_factors(at, c0, c1, keep_.data());
       for (int64_t c = c0; c < c1; ++c) weights[c] *= keep_[c];
     }
-    for (int64_t c = c0; c < c1; ++c) axpy(weights[c], &v_[c * l_.H], acc, l_.H);
+    add_weighted_rows(weights, v_.data(), l_.H, c0, c1, acc);
     row_sum_[r] = row_sum_[r] * correction + block_sum;
     row_max_[r] = new_max;
   }
@@ -460,12 +460,12 @@ class RowGradient {
     const float delta = in_.delta[lse_at];
 
     float* prob = prob_.data();  // the logits first, then P in place
-    for (int64_t c = c0; c < c1; ++c) prob[c] = in_.p.scale * dot(q, &k[c * H], H);
+    dot_rows(q, k, H, c0, c1, in_.p.scale, prob);
     if (mods.on_logits()) {
       mods.apply(at, c0, c1, prob, mods.softcap() ? cap_grad_.data() : nullptr);
     }
     for (int64_t c = c0; c < c1; ++c) prob[c] = std::exp(prob[c] - lse);
-    for (int64_t c = c0; c < c1; ++c) dp_[c] = dot(d_o, &v[c * H], H);
+    dot_rows(d_o, v, H, c0, c1, 1.f, dp_.data());
 
     RowGradients g{prob, d_score_.data(), d_score_.data()};
     if (mods.dropout()) {
@@ -554,10 +554,8 @@ class DkDvWorker {
       const float* q = &q_[r * l_.H];
       const float* d_o = &do_[r * l_.H];
       const RowGradients g = grad_({b, n, i, j0}, q, d_o, k_.data(), v_.data(), c0, c1);
-      for (int64_t c = c0; c < c1; ++c) {
-        axpy(g.dv_weight[c], d_o, &dv_[c * l_.H], l_.H);
-        axpy(g.d_logit[c], q, &dk_[c * l_.H], l_.H);
-      }
+      add_to_rows(g.dv_weight, d_o, dv_.data(), l_.H, c0, c1);
+      add_to_rows(g.d_logit, q, dk_.data(), l_.H, c0, c1);
       if (in_.dkdv_dbias != nullptr) {
         float* dbias = in_.dkdv_dbias + in_.mods.bias_row(b, n, i) + j0;
         for (int64_t c = c0; c < c1; ++c) dbias[c] += g.d_score[c];
@@ -614,7 +612,7 @@ class DqWorker {
     const RowGradients g =
         grad_({b, n, i, j0}, &q_[r * l_.H], &do_[r * l_.H], k_.data(), v_.data(), c0, c1);
     float* dq = &dq_[r * l_.H];
-    for (int64_t c = c0; c < c1; ++c) axpy(g.d_logit[c], &k_[c * l_.H], dq, l_.H);
+    add_weighted_rows(g.d_logit, k_.data(), l_.H, c0, c1, dq);
   }
 
   const BackwardInputs<Elem>& in_;

@@ -37,10 +37,18 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
-// y += alpha * x
-inline void axpy(float alpha, const float* x, float* y, int64_t n) {
-  for (int64_t h = 0; h < n; ++h) y[h] += alpha * x[h];
-}
+// Whole-tile loops over the rows of a tile (row c at rows + c * n), for
+// c in [c0, c1), each compiled for AVX2 + FMA and the baseline
+// (cpu/isa_clones.h). Every element is computed in the same order as one
+// dot() or one y += w x per row would: only FMA contraction differs by ISA.
+// out[c] = scale * dot(x, row c): a row of logits.
+void dot_rows(const float* x, const float* rows, int64_t n, int64_t c0, int64_t c1, float scale,
+              float* out);
+// acc += sum over c of w[c] * row c, the rows in order: P V, dQ.
+void add_weighted_rows(const float* w, const float* rows, int64_t n, int64_t c0, int64_t c1,
+                       float* acc);
+// row c += w[c] * x: dK, dV.
+void add_to_rows(const float* w, const float* x, float* rows, int64_t n, int64_t c0, int64_t c1);
 
 inline void scale_row(float alpha, float* y, int64_t n) {
   for (int64_t h = 0; h < n; ++h) y[h] *= alpha;

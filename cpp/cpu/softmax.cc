@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/host_float.h"
+#include "cpu/isa_clones.h"
 #include "cpu/parallel.h"
 #include "kernels/activations/activation_math.h"
 
@@ -32,13 +33,6 @@ int64_t min_rows_per_thread(int64_t cols) {
   return std::max<int64_t>(1, kMinElementsPerThread / std::max<int64_t>(cols, 1));
 }
 
-// As activation.cc: each math loop compiled for AVX2 + FMA and the x86-64
-// baseline, picked at load time (GCC on x86-64 Linux).
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define JAXCRAFT_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define JAXCRAFT_CPU_CLONES
-#endif
 
 // The vectorizable exp, NaN-preserving (host_expf maps NaN to a tiny value;
 // softmax needs exp(-inf - -inf) = NaN as jax.nn.softmax computes it).

@@ -1,0 +1,54 @@
+// The tile loops of blocked.h. They are most of the CPU attention kernels'
+// time: per visible (query, key) pair one dot product and one or two
+// multiply-add rows of head_dim. add_weighted_rows takes four rows per pass,
+// so that the accumulator row is loaded and stored once per four keys
+// instead of once per key (2.2x faster at head dim 64 and 128 with AVX2; a
+// dot_rows that took four keys per pass the same way ran 4x slower: GCC
+// kept its 4 x 8 partial sums in memory).
+#include "cpu/blocked.h"
+
+#include "cpu/isa_clones.h"
+
+namespace jaxcraft {
+namespace cpu {
+
+constexpr int64_t kKeys = 4;  // rows per pass of add_weighted_rows
+
+JAXCRAFT_CPU_CLONES void dot_rows(const float* x, const float* rows, int64_t n, int64_t c0,
+                                  int64_t c1, float scale, float* out) {
+  for (int64_t c = c0; c < c1; ++c) out[c] = scale * dot(x, rows + c * n, n);
+}
+
+JAXCRAFT_CPU_CLONES void add_weighted_rows(const float* w, const float* rows, int64_t n,
+                                           int64_t c0, int64_t c1, float* acc) {
+  int64_t c = c0;
+  for (; c + kKeys <= c1; c += kKeys) {
+    const float* r0 = rows + c * n;
+    const float* r1 = r0 + n;
+    const float* r2 = r1 + n;
+    const float* r3 = r2 + n;
+    for (int64_t h = 0; h < n; ++h) {
+      float a = acc[h];
+      a += w[c] * r0[h];
+      a += w[c + 1] * r1[h];
+      a += w[c + 2] * r2[h];
+      a += w[c + 3] * r3[h];
+      acc[h] = a;
+    }
+  }
+  for (; c < c1; ++c) {
+    const float* r = rows + c * n;
+    for (int64_t h = 0; h < n; ++h) acc[h] += w[c] * r[h];
+  }
+}
+
+JAXCRAFT_CPU_CLONES void add_to_rows(const float* w, const float* x, float* rows, int64_t n,
+                                     int64_t c0, int64_t c1) {
+  for (int64_t c = c0; c < c1; ++c) {
+    float* r = rows + c * n;
+    for (int64_t h = 0; h < n; ++h) r[h] += w[c] * x[h];
+  }
+}
+
+}  // namespace cpu
+}  // namespace jaxcraft
