@@ -332,19 +332,13 @@ class ForwardWorker {
     float* logits = logits_.data();
     dot_rows(q, k_.data(), l_.H, c0, c1, p_.scale, logits);
     if (mods_.on_logits()) mods_.apply(at, c0, c1, logits, nullptr);
-    float block_max = kNegInf;
-    for (int64_t c = c0; c < c1; ++c) block_max = std::max(block_max, logits[c]);
-    const float new_max = std::max(row_max_[r], block_max);
+    const float new_max = std::max(row_max_[r], max_of(logits + c0, c1 - c0));
     if (new_max == kNegInf) return;  // only -inf logits so far: nothing to add
     const float correction = std::exp(row_max_[r] - new_max);
     float* acc = &acc_[r * l_.H];
     scale_row(correction, acc, l_.H);
     float* weights = logits;  // in place
-    float block_sum = 0.f;
-    for (int64_t c = c0; c < c1; ++c) {
-      weights[c] = std::exp(logits[c] - new_max);
-      block_sum += weights[c];
-    }
+    const float block_sum = exp_shift_sum(weights + c0, c1 - c0, new_max);
     if (mods_.dropout()) {
       mods_.keep_factors(at, c0, c1, keep_.data());
       for (int64_t c = c0; c < c1; ++c) weights[c] *= keep_[c];
@@ -464,7 +458,7 @@ class RowGradient {
     if (mods.on_logits()) {
       mods.apply(at, c0, c1, prob, mods.softcap() ? cap_grad_.data() : nullptr);
     }
-    for (int64_t c = c0; c < c1; ++c) prob[c] = std::exp(prob[c] - lse);
+    exp_shift_sum(prob + c0, c1 - c0, lse);  // P in place (its sum is not needed)
     dot_rows(d_o, v, H, c0, c1, 1.f, dp_.data());
 
     RowGradients g{prob, d_score_.data(), d_score_.data()};

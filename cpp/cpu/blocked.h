@@ -1,6 +1,7 @@
 // Pieces shared by the blocked CPU attention kernels (attention.cc,
-// decode_attention.cc): float row arithmetic on head_dim-long rows, key
-// intervals, and the work-item threading over XLA's pool.
+// decode_attention.cc): float row arithmetic on head_dim-long rows and on
+// rows of logits (also softmax.cc's), key intervals, and the work-item
+// threading over XLA's pool.
 #pragma once
 #include <algorithm>
 #include <atomic>
@@ -9,6 +10,7 @@
 #include <thread>
 
 #include "cpu/parallel.h"
+#include "kernels/activations/activation_math.h"
 
 namespace jaxcraft {
 namespace cpu {
@@ -36,6 +38,18 @@ inline float dot(const float* a, const float* b, int64_t n) {
   for (int lane = 0; lane < kDotLanes; ++lane) sum += partial[lane];
   return sum;
 }
+
+// exp that keeps NaN (host_expf, the vectorizable exp, maps it to a tiny
+// value): exp(-inf - -inf) = NaN, as jax.nn computes it.
+inline float exp_keep_nan(float x) { return x != x ? x : activation::host_expf(x); }
+
+// Loops over a row of logits, compiled for AVX2 + FMA and the baseline
+// (cpu/isa_clones.h), with 16 lanes of partial results so that they
+// vectorize. The largest of v[0, n) (-inf when n = 0); NaNs are skipped
+// (they reach the sum below).
+float max_of(const float* v, int64_t n);
+// v[c] = exp_keep_nan(v[c] - shift) in place; returns their sum.
+float exp_shift_sum(float* v, int64_t n, float shift);
 
 // Whole-tile loops over the rows of a tile (row c at rows + c * n), for
 // c in [c0, c1), each compiled for AVX2 + FMA and the baseline

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/host_float.h"
+#include "cpu/blocked.h"
 #include "cpu/isa_clones.h"
 #include "cpu/parallel.h"
 #include "kernels/activations/activation_math.h"
@@ -28,46 +29,14 @@ constexpr int64_t kChunk = 256;
 // Independent partial sums: lets the compiler vectorize the reductions.
 constexpr int kLanes = 16;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+using cpu::exp_keep_nan;
+using cpu::exp_shift_sum;
+using cpu::max_of;
 
 int64_t min_rows_per_thread(int64_t cols) {
   return std::max<int64_t>(1, kMinElementsPerThread / std::max<int64_t>(cols, 1));
 }
 
-
-// The vectorizable exp, NaN-preserving (host_expf maps NaN to a tiny value;
-// softmax needs exp(-inf - -inf) = NaN as jax.nn.softmax computes it).
-inline float softmax_exp(float x) { return x != x ? x : activation::host_expf(x); }
-
-// Chunk max of v[0, n) (n <= kChunk); NaNs are skipped (they reach the sum).
-JAXCRAFT_CPU_CLONES float chunk_max(const float* __restrict__ v, int64_t n) {
-  float acc[kLanes];
-  for (int l = 0; l < kLanes; ++l) acc[l] = kNegInf;
-  int64_t c = 0;
-  for (; c + kLanes <= n; c += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] = v[c + l] > acc[l] ? v[c + l] : acc[l];
-  for (; c < n; ++c) acc[0] = v[c] > acc[0] ? v[c] : acc[0];
-  float m = kNegInf;
-  for (int l = 0; l < kLanes; ++l) m = acc[l] > m ? acc[l] : m;
-  return m;
-}
-
-// v[c] = exp(v[c] - shift) in place; returns their sum.
-JAXCRAFT_CPU_CLONES float chunk_exp_sum(float* __restrict__ v, int64_t n, float shift) {
-  float acc[kLanes] = {};
-  int64_t c = 0;
-  for (; c + kLanes <= n; c += kLanes)
-    for (int l = 0; l < kLanes; ++l) {
-      v[c + l] = softmax_exp(v[c + l] - shift);
-      acc[l] += v[c + l];
-    }
-  for (; c < n; ++c) {
-    v[c] = softmax_exp(v[c] - shift);
-    acc[0] += v[c];
-  }
-  float s = 0.f;
-  for (int l = 0; l < kLanes; ++l) s += acc[l];
-  return s;
-}
 
 JAXCRAFT_CPU_CLONES float dot(const float* __restrict__ a, const float* __restrict__ b, int64_t n) {
   float acc[kLanes] = {};
@@ -97,15 +66,15 @@ void fwd_rows(const SoftmaxFwdParams& p, int64_t begin, int64_t end) {
         const float v = to_float(xr[c0 + c]);
         ek[c] = keep && !keep[c0 + c] ? kNegInf : v;  // masked: exp(-inf - shift) = 0
       }
-      const float cm = chunk_max(ek, n);
+      const float cm = max_of(ek, n);
       // A chunk with nothing kept (or all -inf) adds 0, not exp(-inf - -inf).
       shift[k] = cm == kNegInf ? 0.f : cm;
-      const float cs = chunk_exp_sum(ek, n, shift[k]);
+      const float cs = exp_shift_sum(ek, n, shift[k]);
       if (cm > m) {
-        s = s * softmax_exp(m - cm) + cs;  // m = -inf: s * 0 (0, or NaN kept)
+        s = s * exp_keep_nan(m - cm) + cs;  // m = -inf: s * 0 (0, or NaN kept)
         m = cm;
       } else if (cm != kNegInf) {
-        s += cs * softmax_exp(cm - m);
+        s += cs * exp_keep_nan(cm - m);
       } else {
         s += cs;  // 0, or NaN from a NaN element (propagated as jax.nn does)
       }
@@ -116,7 +85,7 @@ void fwd_rows(const SoftmaxFwdParams& p, int64_t begin, int64_t end) {
     T* yr = y + r * C;
     for (int64_t k = 0; k < chunks; ++k) {
       const int64_t c0 = k * kChunk, n = std::min(kChunk, C - c0);
-      const float f = softmax_exp(shift[k] - m) * inv;
+      const float f = exp_keep_nan(shift[k] - m) * inv;
       for (int64_t c = 0; c < n; ++c) {
         const float out = e[c0 + c] * f;
         yr[c0 + c] = from_float<T>(keep && !keep[c0 + c] ? 0.f : out);
