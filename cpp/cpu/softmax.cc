@@ -37,7 +37,6 @@ int64_t min_rows_per_thread(int64_t cols) {
   return std::max<int64_t>(1, kMinElementsPerThread / std::max<int64_t>(cols, 1));
 }
 
-
 JAXCRAFT_CPU_CLONES float dot(const float* __restrict__ a, const float* __restrict__ b, int64_t n) {
   float acc[kLanes] = {};
   int64_t c = 0;
