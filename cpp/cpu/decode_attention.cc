@@ -117,7 +117,10 @@ class SplitWorker {
       for (int64_t c = 0; c < cols; ++c) {
         const Elem* k_row = key_row(p_, k, b, j0 + c, kh);
         key_ok_[c] = k_row != nullptr;
-        if (!key_ok_[c]) continue;
+        if (!key_ok_[c]) {  // zeros: P V adds its zero weight times this row
+          std::fill_n(&v_[c * H_], H_, 0.f);
+          continue;
+        }
         load_row(k_row, H_, &k_[c * H_]);
         load_row(key_row(p_, v, b, j0 + c, kh), H_, &v_[c * H_]);
       }
@@ -136,33 +139,24 @@ class SplitWorker {
     return static_cast<const Elem*>(p_.q) + ((b * p_.seqlen_q + t) * p_.num_heads + n) * H_;
   }
 
-  float logit(float raw) const {
-    const float x = p_.scale * raw;
+  float soft_capped(float x) const {
     return p_.soft_cap > 0.f ? p_.soft_cap * std::tanh(x / p_.soft_cap) : x;
   }
 
   // Online softmax step for row r against tile columns [c0, c1): rescale the
-  // running sum and accumulator to the new max, then add the visible keys.
+  // running sum and accumulator to the new max, then add the visible keys
+  // (a masked key's weight is exp(-inf) = 0, its V row zeros).
   void update_row(int64_t r, int64_t c0, int64_t c1) {
-    const float* q = &q_[r * H_];
-    float block_max = kNegInf;
-    for (int64_t c = c0; c < c1; ++c) {
-      logits_[c] = key_ok_[c] ? logit(dot(q, &k_[c * H_], H_)) : kNegInf;
-      block_max = std::max(block_max, logits_[c]);
-    }
-    const float new_max = std::max(row_max_[r], block_max);
+    float* logits = logits_.data();
+    dot_rows(&q_[r * H_], k_.data(), H_, c0, c1, p_.scale, logits);
+    for (int64_t c = c0; c < c1; ++c) logits[c] = key_ok_[c] ? soft_capped(logits[c]) : kNegInf;
+    const float new_max = std::max(row_max_[r], max_of(logits + c0, c1 - c0));
     if (new_max == kNegInf) return;  // no visible key yet
     const float correction = std::exp(row_max_[r] - new_max);
     float* acc = &acc_[r * H_];
-    for (int64_t h = 0; h < H_; ++h) acc[h] *= correction;
-    float block_sum = 0.f;
-    for (int64_t c = c0; c < c1; ++c) {
-      if (!key_ok_[c]) continue;
-      const float weight = std::exp(logits_[c] - new_max);
-      block_sum += weight;
-      const float* v = &v_[c * H_];
-      for (int64_t h = 0; h < H_; ++h) acc[h] += weight * v[h];
-    }
+    scale_row(correction, acc, H_);
+    const float block_sum = exp_shift_sum(logits + c0, c1 - c0, new_max);
+    add_weighted_rows(logits, v_.data(), H_, c0, c1, acc);
     row_sum_[r] = row_sum_[r] * correction + block_sum;
     row_max_[r] = new_max;
   }
