@@ -20,7 +20,7 @@ from jaxcraft.ops import norm as norm_ops
 def _time_pair(fns, args, reps=20, warmup=3):
   """Median seconds per call of each function, their calls taken in turn:
   on a shared or few-core machine the speed drifts over a second (the first
-  function timed alone read 3-4x slow on a 2-core CI machine), and
+  function timed alone read 3-4x slow on a 2-core development machine), and
   alternating calls give both the same conditions."""
   fns = [jax.jit(fn) for fn in fns]
   for fn in fns:

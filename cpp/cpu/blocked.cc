@@ -14,6 +14,26 @@
 namespace jaxcraft {
 namespace cpu {
 
+namespace {
+
+// Independent partial sums in dot(): without -ffast-math the compiler may not
+// reassociate a single float accumulator, but it does vectorize these lanes.
+constexpr int kDotLanes = 8;
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  float partial[kDotLanes] = {};
+  int64_t h = 0;
+  for (; h + kDotLanes <= n; h += kDotLanes) {
+    for (int lane = 0; lane < kDotLanes; ++lane) partial[lane] += a[h + lane] * b[h + lane];
+  }
+  float sum = 0.f;
+  for (; h < n; ++h) sum += a[h] * b[h];
+  for (int lane = 0; lane < kDotLanes; ++lane) sum += partial[lane];
+  return sum;
+}
+
+}  // namespace
+
 constexpr int64_t kKeys = 4;  // rows per pass of add_weighted_rows
 constexpr int kLanes = 16;    // partial results of max_of and exp_shift_sum
 

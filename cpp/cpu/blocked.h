@@ -15,10 +15,6 @@
 namespace jaxcraft {
 namespace cpu {
 
-// Independent partial sums in dot(): without -ffast-math the compiler may not
-// reassociate a single float accumulator, but it does vectorize these lanes.
-constexpr int kDotLanes = 8;
-
 // Below about this many multiply-adds per thread, starting a thread costs
 // more than it saves.
 constexpr double kMinWorkPerThread = double{1 << 20};
@@ -26,18 +22,6 @@ constexpr double kMinWorkPerThread = double{1 << 20};
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-inline float dot(const float* a, const float* b, int64_t n) {
-  float partial[kDotLanes] = {};
-  int64_t h = 0;
-  for (; h + kDotLanes <= n; h += kDotLanes) {
-    for (int lane = 0; lane < kDotLanes; ++lane) partial[lane] += a[h + lane] * b[h + lane];
-  }
-  float sum = 0.f;
-  for (; h < n; ++h) sum += a[h] * b[h];
-  for (int lane = 0; lane < kDotLanes; ++lane) sum += partial[lane];
-  return sum;
-}
 
 // exp that keeps NaN (host_expf, the vectorizable exp, maps it to a tiny
 // value): exp(-inf - -inf) = NaN, as jax.nn computes it.
@@ -54,8 +38,9 @@ float exp_shift_sum(float* v, int64_t n, float shift);
 // Whole-tile loops over the rows of a tile (row c at rows + c * n), for
 // c in [c0, c1), each compiled for AVX2 + FMA and the baseline
 // (cpu/isa_clones.h). Every element is computed in the same order as one
-// dot() or one y += w x per row would: only FMA contraction differs by ISA.
-// out[c] = scale * dot(x, row c): a row of logits.
+// dot product (8 lanes of partial sums) or one y += w x per row would: only
+// FMA contraction differs by ISA.
+// out[c] = scale * (x . row c): a row of logits.
 void dot_rows(const float* x, const float* rows, int64_t n, int64_t c0, int64_t c1, float scale,
               float* out);
 // acc += sum over c of w[c] * row c, the rows in order: P V, dQ.

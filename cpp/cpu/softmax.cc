@@ -15,7 +15,6 @@
 #include "cpu/blocked.h"
 #include "cpu/isa_clones.h"
 #include "cpu/parallel.h"
-#include "kernels/activations/activation_math.h"
 
 namespace jaxcraft {
 namespace {
