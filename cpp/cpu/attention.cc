@@ -56,6 +56,16 @@ void load_rows(const Elem* src, int64_t stride, int64_t rows, int64_t head_dim, 
   }
 }
 
+// The same rows transposed: element h of row r to dst[h * ld + r].
+template <typename Elem>
+void load_rows_transposed(const Elem* src, int64_t stride, int64_t rows, int64_t head_dim,
+                          int64_t ld, float* dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const Elem* in = src + r * stride;
+    for (int64_t h = 0; h < head_dim; ++h) dst[h * ld + r] = to_float(in[h]);
+  }
+}
+
 template <typename Elem>
 void store_row(const float* src, float multiplier, int64_t head_dim, Elem* dst) {
   for (int64_t h = 0; h < head_dim; ++h) dst[h] = from_float<Elem>(src[h] * multiplier);
@@ -285,8 +295,8 @@ class ForwardWorker {
  public:
   ForwardWorker(const AttentionFwdParams& p, const Layout& l)
       : p_(p), l_(l), ranges_(p.mask, l.T, l.S), mods_(p.mask, p.scores, l),
-        q_(kBlockQ * l.H), k_(kBlockK * l.H), v_(kBlockK * l.H), acc_(kBlockQ * l.H),
-        row_max_(kBlockQ), row_sum_(kBlockQ), logits_(kBlockK), keep_(kBlockK),
+        q_(kBlockQ * l.H), kt_(l.H * kBlockK), v_(kBlockK * l.H), acc_(kBlockQ * l.H),
+        row_max_(kBlockQ), row_sum_(kBlockQ), scores_(kBlockQ * kBlockK), keep_(kBlockK),
         row_keys_(kBlockQ) {}
 
   void operator()(int64_t item) {
@@ -307,12 +317,19 @@ class ForwardWorker {
     for (int64_t kb = span.first; kb < span.last; ++kb) {
       const int64_t j0 = kb * kBlockK;
       const int64_t cols = std::min(kBlockK, l_.S - j0);
-      load_rows(k_ptr() + l_.k_index(b, j0, kv_head), l_.k_row_stride(), cols, l_.H, k_.data());
-      load_rows(v_ptr() + l_.k_index(b, j0, kv_head), l_.k_row_stride(), cols, l_.H, v_.data());
+      // The tile's columns that some row of the block sees.
+      KeyRange seen{cols, 0};
       for (int64_t r = 0; r < rows; ++r) {
         const KeyRange keys = intersect(row_keys_[r], {j0, j0 + cols});
-        if (!keys.empty()) update_row({b, n, i0 + r, j0}, r, keys.begin - j0, keys.end - j0);
+        if (keys.empty()) continue;
+        seen.begin = std::min(seen.begin, keys.begin - j0);
+        seen.end = std::max(seen.end, keys.end - j0);
       }
+      if (seen.empty()) continue;
+      load_rows_transposed(k_ptr() + l_.k_index(b, j0, kv_head), l_.k_row_stride(), cols, l_.H,
+                           kBlockK, kt_.data());
+      load_rows(v_ptr() + l_.k_index(b, j0, kv_head), l_.k_row_stride(), cols, l_.H, v_.data());
+      update_block(b, n, i0, rows, j0, seen);
     }
     write_rows(b, n, i0, rows);
   }
@@ -322,30 +339,49 @@ class ForwardWorker {
   const Elem* k_ptr() const { return static_cast<const Elem*>(p_.k); }
   const Elem* v_ptr() const { return static_cast<const Elem*>(p_.v); }
 
-  // Online softmax step for tile row r against the visible tile columns
-  // [c0, c1): rescale the running sum and accumulator to the new row max,
-  // then add this block's exp(logit - max) weights. The row sum takes the
-  // weights before dropout (the softmax and lse ignore it); only P V sees
-  // the dropped and rescaled ones.
-  void update_row(const TileRow& at, int64_t r, int64_t c0, int64_t c1) {
-    const float* q = &q_[r * l_.H];
-    float* logits = logits_.data();
-    dot_rows(q, k_.data(), l_.H, c0, c1, p_.scale, logits);
-    if (mods_.on_logits()) mods_.apply(at, c0, c1, logits, nullptr);
-    const float new_max = std::max(row_max_[r], max_of(logits + c0, c1 - c0));
-    if (new_max == kNegInf) return;  // only -inf logits so far: nothing to add
+  // One K/V tile (first key j0) against the block's rows, over the tile
+  // columns `seen` that some row sees: S = scale Q K^T as one product, each
+  // row's online softmax step on its own visible columns (its other columns
+  // get weight 0), then O += P V as one product.
+  void update_block(int64_t b, int64_t n, int64_t i0, int64_t rows, int64_t j0, KeyRange seen) {
+    const int64_t width = seen.end - seen.begin;
+    float* s = scores_.data() + seen.begin;  // row r's logits at s[r * kBlockK + c - seen.begin]
+    gemm(rows, width, l_.H, {q_.data(), l_.H, 1}, kt_.data() + seen.begin, kBlockK, p_.scale,
+         false, s, kBlockK);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = scores_.data() + r * kBlockK;
+      const KeyRange keys = intersect(row_keys_[r], {j0 + seen.begin, j0 + seen.end});
+      if (keys.empty() || !update_row({b, n, i0 + r, j0}, r, keys.begin - j0, keys.end - j0, row)) {
+        std::fill(row + seen.begin, row + seen.end, 0.f);
+        continue;
+      }
+      std::fill(row + seen.begin, row + keys.begin - j0, 0.f);
+      std::fill(row + keys.end - j0, row + seen.end, 0.f);
+    }
+    gemm(rows, l_.H, width, {s, kBlockK, 1}, v_.data() + seen.begin * l_.H, l_.H, 1.f, true,
+         acc_.data(), l_.H);
+  }
+
+  // Online softmax step for tile row r, logits x, against the visible tile
+  // columns [c0, c1): rescale the running sum and accumulator to the new row
+  // max, and turn x[c0, c1) into this block's exp(logit - max) weights.
+  // The row sum takes the weights before dropout (the softmax and lse
+  // ignore it); only P V sees the dropped and rescaled ones. False when
+  // every logit so far is -inf: nothing to add.
+  bool update_row(const TileRow& at, int64_t r, int64_t c0, int64_t c1, float* x) {
+    if (mods_.on_logits()) mods_.apply(at, c0, c1, x, nullptr);
+    const float new_max = std::max(row_max_[r], max_of(x + c0, c1 - c0));
+    if (new_max == kNegInf) return false;
     const float correction = std::exp(row_max_[r] - new_max);
-    float* acc = &acc_[r * l_.H];
-    scale_row(correction, acc, l_.H);
-    float* weights = logits;  // in place
-    const float block_sum = exp_shift_sum(weights + c0, c1 - c0, new_max);
+    scale_row(correction, &acc_[r * l_.H], l_.H);
+    const float block_sum = exp_shift_sum(x + c0, c1 - c0, new_max);
     if (mods_.dropout()) {
       mods_.keep_factors(at, c0, c1, keep_.data());
-      for (int64_t c = c0; c < c1; ++c) weights[c] *= keep_[c];
+      for (int64_t c = c0; c < c1; ++c) x[c] *= keep_[c];
     }
-    add_weighted_rows(weights, v_.data(), l_.H, c0, c1, acc);
     row_sum_[r] = row_sum_[r] * correction + block_sum;
     row_max_[r] = new_max;
+    return true;
   }
 
   // Rows that saw no key get O = 0 and lse = -inf rather than 0 / 0.
@@ -366,8 +402,8 @@ class ForwardWorker {
   const Layout& l_;
   MaskRanges ranges_;
   ScoreMods<Elem> mods_;
-  std::vector<float> q_, k_, v_, acc_;
-  std::vector<float> row_max_, row_sum_, logits_, keep_;
+  std::vector<float> q_, kt_, v_, acc_;  // kt_: the K tile transposed, [H][kBlockK]
+  std::vector<float> row_max_, row_sum_, scores_, keep_;
   std::vector<KeyRange> row_keys_;
 };
 

@@ -32,7 +32,86 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
+// 8 floats: one AVX2 register in the x86-64-v3 clone, two SSE registers in
+// the baseline one (GCC's generic vectors; a scalar operand is broadcast).
+typedef float Vec8 __attribute__((vector_size(32)));
+constexpr int kVec = 8;
+
+// gemm's register block: rows [i, i + kRows) x columns [j, j + kVec kVecs)
+// of c, accumulated in registers over the whole depth: per k, kVecs loads
+// of b's row, kRows broadcasts of a, kRows x kVecs multiply-adds. (The
+// attention kernels' products were one dot product or one y += w x row at
+// a time, which load and store an operand per multiply-add.) Inlined into
+// gemm's clones, so that it is compiled for each one's ISA.
+template <int kRows, int kVecs>
+[[gnu::always_inline]] inline void gemm_block(int64_t i, int64_t j, int64_t depth,
+                                              StridedMatrix a, const float* b, int64_t ldb,
+                                              float alpha, bool accumulate, float* c,
+                                              int64_t ldc) {
+  Vec8 acc[kRows][kVecs] = {};
+  const float* a_i = a.data + i * a.row;
+  for (int64_t k = 0; k < depth; ++k) {
+    Vec8 bk[kVecs];
+#pragma GCC unroll 4
+    for (int v = 0; v < kVecs; ++v) __builtin_memcpy(&bk[v], b + k * ldb + j + v * kVec, sizeof(Vec8));
+#pragma GCC unroll 8
+    for (int r = 0; r < kRows; ++r) {
+      const float x = a_i[r * a.row + k * a.col];
+#pragma GCC unroll 4
+      for (int v = 0; v < kVecs; ++v) acc[r][v] += x * bk[v];
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < kVecs; ++v) {
+      float* dst = c + (i + r) * ldc + j + v * kVec;
+      Vec8 out = alpha * acc[r][v];
+      if (accumulate) {
+        Vec8 old;
+        __builtin_memcpy(&old, dst, sizeof(Vec8));
+        out += old;
+      }
+      __builtin_memcpy(dst, &out, sizeof(Vec8));
+    }
+  }
+}
+
+// Columns [j, j + kVec kVecs) of every row: blocks of kGemmRows rows, then
+// the rows left one at a time.
+constexpr int kGemmRows = 4;
+template <int kVecs>
+[[gnu::always_inline]] inline void gemm_columns(int64_t m, int64_t j, int64_t depth,
+                                                StridedMatrix a, const float* b, int64_t ldb,
+                                                float alpha, bool accumulate, float* c,
+                                                int64_t ldc) {
+  int64_t i = 0;
+  for (; i + kGemmRows <= m; i += kGemmRows)
+    gemm_block<kGemmRows, kVecs>(i, j, depth, a, b, ldb, alpha, accumulate, c, ldc);
+  for (; i < m; ++i) gemm_block<1, kVecs>(i, j, depth, a, b, ldb, alpha, accumulate, c, ldc);
+}
+
 }  // namespace
+
+JAXCRAFT_CPU_CLONES void gemm(int64_t m, int64_t n, int64_t depth, StridedMatrix a,
+                              const float* b, int64_t ldb, float alpha, bool accumulate, float* c,
+                              int64_t ldc) {
+  int64_t j = 0;
+  for (; j + 2 * kVec <= n; j += 2 * kVec)
+    gemm_columns<2>(m, j, depth, a, b, ldb, alpha, accumulate, c, ldc);
+  if (j + kVec <= n) {
+    gemm_columns<1>(m, j, depth, a, b, ldb, alpha, accumulate, c, ldc);
+    j += kVec;
+  }
+  for (; j < n; ++j) {  // the last n % 8 columns (head dims that are not multiples of 8)
+    for (int64_t i = 0; i < m; ++i) {
+      float sum = 0.f;
+      for (int64_t k = 0; k < depth; ++k) sum += a.data[i * a.row + k * a.col] * b[k * ldb + j];
+      float* dst = c + i * ldc + j;
+      *dst = accumulate ? *dst + alpha * sum : alpha * sum;
+    }
+  }
+}
 
 constexpr int64_t kKeys = 4;  // rows per pass of add_weighted_rows
 constexpr int kLanes = 16;    // partial results of max_of and exp_shift_sum

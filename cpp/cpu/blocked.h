@@ -49,6 +49,24 @@ void add_weighted_rows(const float* w, const float* rows, int64_t n, int64_t c0,
 // row c += w[c] * x: dK, dV.
 void add_to_rows(const float* w, const float* x, float* rows, int64_t n, int64_t c0, int64_t c1);
 
+// A float matrix read through strides: element (i, k) at
+// data[i * row + k * col]. A row-major tile with leading dimension ld reads
+// as itself with {ld, 1} and as its transpose with {1, ld}.
+struct StridedMatrix {
+  const float* data;
+  int64_t row, col;
+};
+
+// The tile products of the attention kernels (S = Q K^T, O += P V, and the
+// backward's dP, dV, dK, dQ), compiled for AVX2 + FMA and the baseline
+// (cpu/isa_clones.h):
+//   c[i * ldc + j] = alpha * sum over k < depth of a(i, k) * b[k * ldb + j]
+//                    (+ c[i * ldc + j] when accumulate), for i < m, j < n.
+// Each element sums its products in k order; only FMA contraction differs
+// by ISA.
+void gemm(int64_t m, int64_t n, int64_t depth, StridedMatrix a, const float* b, int64_t ldb,
+          float alpha, bool accumulate, float* c, int64_t ldc);
+
 inline void scale_row(float alpha, float* y, int64_t n) {
   for (int64_t h = 0; h < n; ++h) y[h] *= alpha;
 }
