@@ -174,6 +174,19 @@ class MaskRanges {
   int64_t seqlen_q_, seqlen_k_;
 };
 
+// The columns [begin, end) of the tile of `cols` keys from j0 that some of
+// the rows with key ranges row_keys[0, rows) see (empty if none does).
+KeyRange seen_columns(const KeyRange* row_keys, int64_t rows, int64_t j0, int64_t cols) {
+  KeyRange seen{cols, 0};
+  for (int64_t r = 0; r < rows; ++r) {
+    const KeyRange keys = intersect(row_keys[r], {j0, j0 + cols});
+    if (keys.empty()) continue;
+    seen.begin = std::min(seen.begin, keys.begin - j0);
+    seen.end = std::max(seen.end, keys.end - j0);
+  }
+  return seen;
+}
+
 // Blocks [first, last) of size `block` overlapping a non-empty key range.
 struct BlockSpan {
   int64_t first = 0;
@@ -317,14 +330,7 @@ class ForwardWorker {
     for (int64_t kb = span.first; kb < span.last; ++kb) {
       const int64_t j0 = kb * kBlockK;
       const int64_t cols = std::min(kBlockK, l_.S - j0);
-      // The tile's columns that some row of the block sees.
-      KeyRange seen{cols, 0};
-      for (int64_t r = 0; r < rows; ++r) {
-        const KeyRange keys = intersect(row_keys_[r], {j0, j0 + cols});
-        if (keys.empty()) continue;
-        seen.begin = std::min(seen.begin, keys.begin - j0);
-        seen.end = std::max(seen.end, keys.end - j0);
-      }
+      const KeyRange seen = seen_columns(row_keys_.data(), rows, j0, cols);
       if (seen.empty()) continue;
       load_rows_transposed(k_ptr() + l_.k_index(b, j0, kv_head), l_.k_row_stride(), cols, l_.H,
                            kBlockK, kt_.data());
@@ -362,25 +368,19 @@ class ForwardWorker {
          acc_.data(), l_.H);
   }
 
-  // Online softmax step for tile row r, logits x, against the visible tile
-  // columns [c0, c1): rescale the running sum and accumulator to the new row
-  // max, and turn x[c0, c1) into this block's exp(logit - max) weights.
-  // The row sum takes the weights before dropout (the softmax and lse
-  // ignore it); only P V sees the dropped and rescaled ones. False when
-  // every logit so far is -inf: nothing to add.
+  // Row r's online softmax step (cpu::online_softmax_step) on its visible
+  // tile columns [c0, c1) of logits x, after the score changes. The row sum
+  // takes the weights before dropout (the softmax and lse ignore it); only
+  // P V sees the dropped and rescaled ones. False when every logit so far
+  // is -inf: nothing to add.
   bool update_row(const TileRow& at, int64_t r, int64_t c0, int64_t c1, float* x) {
     if (mods_.on_logits()) mods_.apply(at, c0, c1, x, nullptr);
-    const float new_max = std::max(row_max_[r], max_of(x + c0, c1 - c0));
-    if (new_max == kNegInf) return false;
-    const float correction = std::exp(row_max_[r] - new_max);
-    scale_row(correction, &acc_[r * l_.H], l_.H);
-    const float block_sum = exp_shift_sum(x + c0, c1 - c0, new_max);
+    if (!online_softmax_step(row_max_[r], row_sum_[r], &acc_[r * l_.H], l_.H, x, c0, c1))
+      return false;
     if (mods_.dropout()) {
       mods_.keep_factors(at, c0, c1, keep_.data());
       for (int64_t c = c0; c < c1; ++c) x[c] *= keep_[c];
     }
-    row_sum_[r] = row_sum_[r] * correction + block_sum;
-    row_max_[r] = new_max;
     return true;
   }
 
@@ -462,61 +462,112 @@ struct BackwardInputs {
   const Elem* d_o() const { return static_cast<const Elem*>(p.d_o); }
 };
 
-// The gradient terms of one query row against tile columns [c0, c1),
-// indexed by column. With x the softmax input (params.h) and f the dropout
+// The K/V tile of one dK/dV, dQ or dbias step, as floats: K and V as rows
+// ([kBlockK][H], for dQ = dlogit K) and transposed ([H][kBlockK], the B
+// operands of S = Q K^T and dP = dO V^T).
+struct KvTile {
+  std::vector<float> k, kt, vt;
+  int64_t b = -1, kv_head = -1, j0 = -1;  // what it holds
+
+  explicit KvTile(int64_t head_dim)
+      : k(kBlockK * head_dim), kt(head_dim * kBlockK), vt(head_dim * kBlockK) {}
+
+  template <typename Elem>
+  void load(const Elem* k_src, const Elem* v_src, const Layout& l, int64_t b_, int64_t kv_head_,
+            int64_t j0_, int64_t cols) {
+    if (b_ == b && kv_head_ == kv_head && j0_ == j0) return;  // a group's heads share it
+    const int64_t at = l.k_index(b_, j0_, kv_head_);
+    load_rows(k_src + at, l.k_row_stride(), cols, l.H, k.data());
+    load_rows_transposed(k_src + at, l.k_row_stride(), cols, l.H, kBlockK, kt.data());
+    load_rows_transposed(v_src + at, l.k_row_stride(), cols, l.H, kBlockK, vt.data());
+    b = b_, kv_head = kv_head_, j0 = j0_;
+  }
+};
+
+// The gradient terms of a block of query rows against the columns `seen`
+// of a K/V tile, as [kBlockQ][kBlockK] tiles (row r's column c at
+// r * kBlockK + c). With x the softmax input (params.h) and f the dropout
 // factor keep / (1 - rate) (1 without dropout):
-struct RowGradients {
+struct TileGradients {
+  KeyRange seen;           // the tile columns some row sees; the terms are 0 elsewhere in it
   const float* dv_weight;  // P * f: the weight of dO_i in dV_j
   const float* d_score;    // dS = P * (f * dO.V_j - delta) = d loss / dx, which is dbias
   const float* d_logit;    // dS * d(capped)/d(logit) = d loss / d(scale * q.k)
 };
 
-// Recomputes RowGradients from the forward's lse; P = 0 where the row is
-// masked (x = -inf). Owns its row scratch.
+// Recomputes TileGradients from the forward's lse: S and dP as two tile
+// products, then each row's P and dS; P = 0 where the row is masked
+// (x = -inf) or sees no key. Owns its tile scratch.
 template <typename Elem>
-class RowGradient {
+class TileGradient {
  public:
-  explicit RowGradient(const BackwardInputs<Elem>& in)
-      : in_(in), prob_(kBlockK), dp_(kBlockK), keep_(kBlockK), dv_weight_(kBlockK),
-        d_score_(kBlockK), cap_grad_(kBlockK), d_logit_(kBlockK) {}
+  explicit TileGradient(const BackwardInputs<Elem>& in)
+      : in_(in), prob_(kBlockQ * kBlockK), d_score_(kBlockQ * kBlockK), keep_(kBlockK),
+        cap_grad_(kBlockK), d_logit_(in.mods.softcap() ? kBlockQ * kBlockK : 0) {}
 
-  // q, d_o: the row's Q and dO; k, v: the tile's rows.
-  RowGradients operator()(const TileRow& at, const float* q, const float* d_o, const float* k,
-                          const float* v, int64_t c0, int64_t c1) {
-    const ScoreMods<Elem>& mods = in_.mods;
-    const int64_t H = in_.l.H;
-    const int64_t lse_at = in_.l.lse_index(at.b, at.n, at.i);
-    const float lse = in_.p.lse[lse_at];
-    const float delta = in_.delta[lse_at];
-
-    float* prob = prob_.data();  // the logits first, then P in place
-    dot_rows(q, k, H, c0, c1, in_.p.scale, prob);
-    if (mods.on_logits()) {
-      mods.apply(at, c0, c1, prob, mods.softcap() ? cap_grad_.data() : nullptr);
-    }
-    exp_shift_sum(prob + c0, c1 - c0, lse);  // P in place (its sum is not needed)
-    dot_rows(d_o, v, H, c0, c1, 1.f, dp_.data());
-
-    RowGradients g{prob, d_score_.data(), d_score_.data()};
-    if (mods.dropout()) {
-      mods.keep_factors(at, c0, c1, keep_.data());
-      for (int64_t c = c0; c < c1; ++c) {
-        dv_weight_[c] = prob[c] * keep_[c];
-        dp_[c] *= keep_[c];
+  // Rows i0 + r of head n, r < rows, with key ranges row_keys[r] and their Q
+  // and dO rows in q and d_o ([rows][H]), against the tile `kv` (cols keys).
+  TileGradients operator()(int64_t b, int64_t n, int64_t i0, int64_t rows,
+                           const KeyRange* row_keys, const float* q, const float* d_o,
+                           const KvTile& kv, int64_t cols) {
+    const int64_t H = in_.l.H, j0 = kv.j0;
+    const KeyRange seen = seen_columns(row_keys, rows, j0, cols);
+    TileGradients g{seen, prob_.data(), d_score_.data(),
+                    in_.mods.softcap() ? d_logit_.data() : d_score_.data()};
+    if (seen.empty()) return g;
+    const int64_t width = seen.end - seen.begin;
+    // The logits, then P in place; dP, then dS in place.
+    gemm(rows, width, H, {q, H, 1}, kv.kt.data() + seen.begin, kBlockK, in_.p.scale, false,
+         prob_.data() + seen.begin, kBlockK);
+    gemm(rows, width, H, {d_o, H, 1}, kv.vt.data() + seen.begin, kBlockK, 1.f, false,
+         d_score_.data() + seen.begin, kBlockK);
+    for (int64_t r = 0; r < rows; ++r) {
+      const KeyRange keys = intersect(row_keys[r], {j0 + seen.begin, j0 + seen.end});
+      const float lse = in_.p.lse[in_.l.lse_index(b, n, i0 + r)];
+      KeyRange live{seen.begin, seen.begin};  // the columns given terms
+      if (!keys.empty() && lse != kNegInf) {
+        live = {keys.begin - j0, keys.end - j0};
+        row_terms({b, n, i0 + r, j0}, r, live.begin, live.end, lse);
       }
-      g.dv_weight = dv_weight_.data();
-    }
-    for (int64_t c = c0; c < c1; ++c) d_score_[c] = prob[c] * (dp_[c] - delta);
-    if (mods.softcap()) {
-      for (int64_t c = c0; c < c1; ++c) d_logit_[c] = d_score_[c] * cap_grad_[c];
-      g.d_logit = d_logit_.data();
+      clear_outside(r, seen, live);
     }
     return g;
   }
 
  private:
+  void row_terms(const TileRow& at, int64_t r, int64_t c0, int64_t c1, float lse) {
+    const ScoreMods<Elem>& mods = in_.mods;
+    float* prob = &prob_[r * kBlockK];
+    float* ds = &d_score_[r * kBlockK];  // dP on entry
+    if (mods.on_logits()) mods.apply(at, c0, c1, prob, mods.softcap() ? cap_grad_.data() : nullptr);
+    exp_shift_sum(prob + c0, c1 - c0, lse);  // P in place (its sum is not needed)
+    if (mods.dropout()) {
+      mods.keep_factors(at, c0, c1, keep_.data());
+      for (int64_t c = c0; c < c1; ++c) ds[c] *= keep_[c];
+    }
+    const float delta = in_.delta[in_.l.lse_index(at.b, at.n, at.i)];
+    for (int64_t c = c0; c < c1; ++c) ds[c] = prob[c] * (ds[c] - delta);
+    if (mods.dropout()) {
+      for (int64_t c = c0; c < c1; ++c) prob[c] *= keep_[c];  // P * f
+    }
+    if (mods.softcap()) {
+      float* dl = &d_logit_[r * kBlockK];
+      for (int64_t c = c0; c < c1; ++c) dl[c] = ds[c] * cap_grad_[c];
+    }
+  }
+
+  // Zeros in row r's terms on the seen columns outside `live`.
+  void clear_outside(int64_t r, KeyRange seen, KeyRange live) {
+    for (std::vector<float>* term : {&prob_, &d_score_, &d_logit_}) {
+      if (term->empty()) continue;  // d_logit_ without a soft cap
+      float* row = term->data() + r * kBlockK;
+      std::fill(row + seen.begin, row + live.begin, 0.f);
+      std::fill(row + live.end, row + seen.end, 0.f);
+    }
+  }
+
   const BackwardInputs<Elem>& in_;
-  std::vector<float> prob_, dp_, keep_, dv_weight_, d_score_, cap_grad_, d_logit_;
+  std::vector<float> prob_, d_score_, keep_, cap_grad_, d_logit_;
 };
 
 // One item per (b, KV head, KV block): dV_j = sum_i P_ij f_ij dO_i and
@@ -526,16 +577,15 @@ template <typename Elem>
 class DkDvWorker {
  public:
   explicit DkDvWorker(const BackwardInputs<Elem>& in)
-      : in_(in), l_(in.l), grad_(in), k_(kBlockK * l_.H), v_(kBlockK * l_.H),
-        dk_(kBlockK * l_.H), dv_(kBlockK * l_.H), q_(kBlockQ * l_.H), do_(kBlockQ * l_.H) {}
+      : in_(in), l_(in.l), grad_(in), kv_(l_.H), dk_(kBlockK * l_.H), dv_(kBlockK * l_.H),
+        q_(kBlockQ * l_.H), do_(kBlockQ * l_.H), row_keys_(kBlockQ) {}
 
   void operator()(int64_t item) {
     const auto [b, kv_head, kb] = split_item(item, l_.K, l_.num_k_blocks());
     const int64_t j0 = kb * kBlockK;
     const int64_t cols = std::min(kBlockK, l_.S - j0);
 
-    load_rows(in_.k() + l_.k_index(b, j0, kv_head), l_.k_row_stride(), cols, l_.H, k_.data());
-    load_rows(in_.v() + l_.k_index(b, j0, kv_head), l_.k_row_stride(), cols, l_.H, v_.data());
+    kv_.load(in_.k(), in_.v(), l_, b, kv_head, j0, cols);
     std::fill(dk_.begin(), dk_.end(), 0.f);
     std::fill(dv_.begin(), dv_.end(), 0.f);
     if (in_.dkdv_dbias != nullptr) clear_dbias(b, kv_head, j0, cols);
@@ -545,8 +595,9 @@ class DkDvWorker {
       const int64_t i0 = qb * kBlockQ;
       const int64_t rows = std::min(kBlockQ, l_.T - i0);
       if (intersect(in_.ranges.rows(b, i0, i0 + rows), {j0, j0 + cols}).empty()) continue;
+      for (int64_t r = 0; r < rows; ++r) row_keys_[r] = in_.ranges.row(b, i0 + r);
       for (int64_t g = 0; g < l_.group; ++g) {
-        accumulate_q_block(b, kv_head * l_.group + g, i0, rows, j0, cols);
+        accumulate_q_block(b, kv_head * l_.group + g, i0, rows, cols);
       }
     }
 
@@ -572,31 +623,32 @@ class DkDvWorker {
     }
   }
 
-  void accumulate_q_block(int64_t b, int64_t n, int64_t i0, int64_t rows, int64_t j0,
-                          int64_t cols) {
+  // dV += (P f)^T dO and dK += dlogit^T Q over the tile's seen columns.
+  void accumulate_q_block(int64_t b, int64_t n, int64_t i0, int64_t rows, int64_t cols) {
     load_rows(in_.q() + l_.q_index(b, i0, n), l_.q_row_stride(), rows, l_.H, q_.data());
     load_rows(in_.d_o() + l_.q_index(b, i0, n), l_.q_row_stride(), rows, l_.H, do_.data());
+    const TileGradients g =
+        grad_(b, n, i0, rows, row_keys_.data(), q_.data(), do_.data(), kv_, cols);
+    if (g.seen.empty()) return;
+    const int64_t c0 = g.seen.begin, width = g.seen.end - c0;
+    gemm(width, l_.H, rows, {g.dv_weight + c0, 1, kBlockK}, do_.data(), l_.H, 1.f, true,
+         &dv_[c0 * l_.H], l_.H);
+    gemm(width, l_.H, rows, {g.d_logit + c0, 1, kBlockK}, q_.data(), l_.H, 1.f, true,
+         &dk_[c0 * l_.H], l_.H);
+    if (in_.dkdv_dbias == nullptr) return;
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t i = i0 + r;
-      const KeyRange keys = intersect(in_.ranges.row(b, i), {j0, j0 + cols});
-      if (keys.empty() || in_.p.lse[l_.lse_index(b, n, i)] == kNegInf) continue;
-      const int64_t c0 = keys.begin - j0, c1 = keys.end - j0;
-      const float* q = &q_[r * l_.H];
-      const float* d_o = &do_[r * l_.H];
-      const RowGradients g = grad_({b, n, i, j0}, q, d_o, k_.data(), v_.data(), c0, c1);
-      add_to_rows(g.dv_weight, d_o, dv_.data(), l_.H, c0, c1);
-      add_to_rows(g.d_logit, q, dk_.data(), l_.H, c0, c1);
-      if (in_.dkdv_dbias != nullptr) {
-        float* dbias = in_.dkdv_dbias + in_.mods.bias_row(b, n, i) + j0;
-        for (int64_t c = c0; c < c1; ++c) dbias[c] += g.d_score[c];
-      }
+      float* dbias = in_.dkdv_dbias + in_.mods.bias_row(b, n, i0 + r) + kv_.j0;
+      const float* ds = g.d_score + r * kBlockK;
+      for (int64_t c = c0; c < g.seen.end; ++c) dbias[c] += ds[c];
     }
   }
 
   const BackwardInputs<Elem>& in_;
   const Layout& l_;
-  RowGradient<Elem> grad_;
-  std::vector<float> k_, v_, dk_, dv_, q_, do_;
+  TileGradient<Elem> grad_;
+  KvTile kv_;
+  std::vector<float> dk_, dv_, q_, do_;
+  std::vector<KeyRange> row_keys_;
 };
 
 // One item per (b, head, Q block): dQ_i = scale * sum_j dlogit_ij K_j.
@@ -604,8 +656,8 @@ template <typename Elem>
 class DqWorker {
  public:
   explicit DqWorker(const BackwardInputs<Elem>& in)
-      : in_(in), l_(in.l), grad_(in), q_(kBlockQ * l_.H), do_(kBlockQ * l_.H),
-        dq_(kBlockQ * l_.H), k_(kBlockK * l_.H), v_(kBlockK * l_.H), row_keys_(kBlockQ) {}
+      : in_(in), l_(in.l), grad_(in), kv_(l_.H), q_(kBlockQ * l_.H), do_(kBlockQ * l_.H),
+        dq_(kBlockQ * l_.H), row_keys_(kBlockQ) {}
 
   void operator()(int64_t item) {
     const auto [b, n, q_block] = split_item(item, l_.N, l_.num_q_blocks());
@@ -623,9 +675,13 @@ class DqWorker {
     for (int64_t kb = span.first; kb < span.last; ++kb) {
       const int64_t j0 = kb * kBlockK;
       const int64_t cols = std::min(kBlockK, l_.S - j0);
-      load_rows(in_.k() + l_.k_index(b, j0, kv_head), l_.k_row_stride(), cols, l_.H, k_.data());
-      load_rows(in_.v() + l_.k_index(b, j0, kv_head), l_.k_row_stride(), cols, l_.H, v_.data());
-      for (int64_t r = 0; r < rows; ++r) accumulate_row(b, n, i0 + r, r, j0, cols);
+      if (seen_columns(row_keys_.data(), rows, j0, cols).empty()) continue;
+      kv_.load(in_.k(), in_.v(), l_, b, kv_head, j0, cols);
+      const TileGradients g =
+          grad_(b, n, i0, rows, row_keys_.data(), q_.data(), do_.data(), kv_, cols);
+      const int64_t c0 = g.seen.begin;
+      gemm(rows, l_.H, g.seen.end - c0, {g.d_logit + c0, kBlockK, 1}, &kv_.k[c0 * l_.H], l_.H,
+           1.f, true, dq_.data(), l_.H);
     }
 
     Elem* dq = static_cast<Elem*>(in_.p.dq);
@@ -635,20 +691,11 @@ class DqWorker {
   }
 
  private:
-  void accumulate_row(int64_t b, int64_t n, int64_t i, int64_t r, int64_t j0, int64_t cols) {
-    const KeyRange keys = intersect(row_keys_[r], {j0, j0 + cols});
-    if (keys.empty() || in_.p.lse[l_.lse_index(b, n, i)] == kNegInf) return;
-    const int64_t c0 = keys.begin - j0, c1 = keys.end - j0;
-    const RowGradients g =
-        grad_({b, n, i, j0}, &q_[r * l_.H], &do_[r * l_.H], k_.data(), v_.data(), c0, c1);
-    float* dq = &dq_[r * l_.H];
-    add_weighted_rows(g.d_logit, k_.data(), l_.H, c0, c1, dq);
-  }
-
   const BackwardInputs<Elem>& in_;
   const Layout& l_;
-  RowGradient<Elem> grad_;
-  std::vector<float> q_, do_, dq_, k_, v_;
+  TileGradient<Elem> grad_;
+  KvTile kv_;
+  std::vector<float> q_, do_, dq_;
   std::vector<KeyRange> row_keys_;
 };
 
@@ -672,8 +719,8 @@ template <typename Elem>
 class DbiasWorker {
  public:
   DbiasWorker(const BackwardInputs<Elem>& in, const BiasTiles& tiles)
-      : in_(in), l_(in.l), tiles_(tiles), grad_(in), q_(kBlockQ * l_.H), do_(kBlockQ * l_.H),
-        k_(kBlockK * l_.H), v_(kBlockK * l_.H), tile_(kBlockQ * kBlockK) {}
+      : in_(in), l_(in.l), tiles_(tiles), grad_(in), kv_(l_.H), q_(kBlockQ * l_.H),
+        do_(kBlockQ * l_.H), tile_(kBlockQ * kBlockK), row_keys_(kBlockQ) {}
 
   void operator()(int64_t item) {
     const int64_t kb = item % tiles_.k_blocks;
@@ -684,10 +731,10 @@ class DbiasWorker {
     const int64_t j0 = kb * kBlockK, cols = std::min(kBlockK, l_.S - j0);
 
     std::fill(tile_.begin(), tile_.end(), 0.f);
-    loaded_b_ = loaded_kv_head_ = -1;
     // On a broadcast axis (one bias batch or head) the loop visits every b
     // (n), else only the tile's own.
     for (int64_t b = bias_b; b < l_.B; b += tiles_.batches) {
+      for (int64_t r = 0; r < rows; ++r) row_keys_[r] = in_.ranges.row(b, i0 + r);
       for (int64_t n = bias_n; n < l_.N; n += tiles_.heads) accumulate(b, n, i0, rows, j0, cols);
     }
     for (int64_t r = 0; r < rows; ++r) {
@@ -698,37 +745,26 @@ class DbiasWorker {
 
  private:
   void accumulate(int64_t b, int64_t n, int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
-    if (intersect(in_.ranges.rows(b, i0, i0 + rows), {j0, j0 + cols}).empty()) return;
+    if (seen_columns(row_keys_.data(), rows, j0, cols).empty()) return;
     load_rows(in_.q() + l_.q_index(b, i0, n), l_.q_row_stride(), rows, l_.H, q_.data());
     load_rows(in_.d_o() + l_.q_index(b, i0, n), l_.q_row_stride(), rows, l_.H, do_.data());
-    load_kv(b, n / l_.group, j0, cols);
+    kv_.load(in_.k(), in_.v(), l_, b, n / l_.group, j0, cols);
+    const TileGradients g =
+        grad_(b, n, i0, rows, row_keys_.data(), q_.data(), do_.data(), kv_, cols);
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t i = i0 + r;
-      const KeyRange keys = intersect(in_.ranges.row(b, i), {j0, j0 + cols});
-      if (keys.empty() || in_.p.lse[l_.lse_index(b, n, i)] == kNegInf) continue;
-      const int64_t c0 = keys.begin - j0, c1 = keys.end - j0;
-      const RowGradients g =
-          grad_({b, n, i, j0}, &q_[r * l_.H], &do_[r * l_.H], k_.data(), v_.data(), c0, c1);
       float* sum = &tile_[r * kBlockK];
-      for (int64_t c = c0; c < c1; ++c) sum[c] += g.d_score[c];
+      const float* ds = g.d_score + r * kBlockK;
+      for (int64_t c = g.seen.begin; c < g.seen.end; ++c) sum[c] += ds[c];
     }
-  }
-
-  // Consecutive heads of a group read the same K/V tile: load it once.
-  void load_kv(int64_t b, int64_t kv_head, int64_t j0, int64_t cols) {
-    if (b == loaded_b_ && kv_head == loaded_kv_head_) return;
-    load_rows(in_.k() + l_.k_index(b, j0, kv_head), l_.k_row_stride(), cols, l_.H, k_.data());
-    load_rows(in_.v() + l_.k_index(b, j0, kv_head), l_.k_row_stride(), cols, l_.H, v_.data());
-    loaded_b_ = b;
-    loaded_kv_head_ = kv_head;
   }
 
   const BackwardInputs<Elem>& in_;
   const Layout& l_;
   const BiasTiles& tiles_;
-  RowGradient<Elem> grad_;
-  std::vector<float> q_, do_, k_, v_, tile_;
-  int64_t loaded_b_ = -1, loaded_kv_head_ = -1;
+  TileGradient<Elem> grad_;
+  KvTile kv_;
+  std::vector<float> q_, do_, tile_;
+  std::vector<KeyRange> row_keys_;
 };
 
 template <typename Elem>

@@ -1,10 +1,11 @@
 // Pieces shared by the blocked CPU attention kernels (attention.cc,
-// decode_attention.cc): float row arithmetic on head_dim-long rows and on
-// rows of logits (also softmax.cc's), key intervals, and the work-item
-// threading over XLA's pool.
+// decode_attention.cc): tile products, the online softmax's row steps
+// (its loops also softmax.cc's), key intervals, and the work-item threading
+// over XLA's pool.
 #pragma once
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <thread>
@@ -35,20 +36,6 @@ float max_of(const float* v, int64_t n);
 // v[c] = exp_keep_nan(v[c] - shift) in place; returns their sum.
 float exp_shift_sum(float* v, int64_t n, float shift);
 
-// Whole-tile loops over the rows of a tile (row c at rows + c * n), for
-// c in [c0, c1), each compiled for AVX2 + FMA and the baseline
-// (cpu/isa_clones.h). Every element is computed in the same order as one
-// dot product (8 lanes of partial sums) or one y += w x per row would: only
-// FMA contraction differs by ISA.
-// out[c] = scale * (x . row c): a row of logits.
-void dot_rows(const float* x, const float* rows, int64_t n, int64_t c0, int64_t c1, float scale,
-              float* out);
-// acc += sum over c of w[c] * row c, the rows in order: P V, dQ.
-void add_weighted_rows(const float* w, const float* rows, int64_t n, int64_t c0, int64_t c1,
-                       float* acc);
-// row c += w[c] * x: dK, dV.
-void add_to_rows(const float* w, const float* x, float* rows, int64_t n, int64_t c0, int64_t c1);
-
 // A float matrix read through strides: element (i, k) at
 // data[i * row + k * col]. A row-major tile with leading dimension ld reads
 // as itself with {ld, 1} and as its transpose with {1, ld}.
@@ -58,8 +45,8 @@ struct StridedMatrix {
 };
 
 // The tile products of the attention kernels (S = Q K^T, O += P V, and the
-// backward's dP, dV, dK, dQ), compiled for AVX2 + FMA and the baseline
-// (cpu/isa_clones.h):
+// backward's dP, dV, dK, dQ), in 8-lane AVX2 + FMA code where the CPU has
+// them and 4-lane vectors (SSE2, NEON) elsewhere, picked at run time:
 //   c[i * ldc + j] = alpha * sum over k < depth of a(i, k) * b[k * ldb + j]
 //                    (+ c[i * ldc + j] when accumulate), for i < m, j < n.
 // Each element sums its products in k order; only FMA contraction differs
@@ -69,6 +56,22 @@ void gemm(int64_t m, int64_t n, int64_t depth, StridedMatrix a, const float* b, 
 
 inline void scale_row(float alpha, float* y, int64_t n) {
   for (int64_t h = 0; h < n; ++h) y[h] *= alpha;
+}
+
+// One online softmax step of a row whose running max, sum and accumulator
+// row (n floats) are given, against its logits x[c0, c1) of a key tile:
+// the sum and accumulator rescaled to the new max, x[c0, c1) turned into
+// the weights exp(x - max) in place and added to the sum. False, touching
+// nothing, while every logit so far is -inf (no weight to add).
+inline bool online_softmax_step(float& row_max, float& row_sum, float* acc, int64_t n, float* x,
+                                int64_t c0, int64_t c1) {
+  const float new_max = std::max(row_max, max_of(x + c0, c1 - c0));
+  if (new_max == kNegInf) return false;
+  const float correction = std::exp(row_max - new_max);
+  scale_row(correction, acc, n);
+  row_sum = row_sum * correction + exp_shift_sum(x + c0, c1 - c0, new_max);
+  row_max = new_max;
+  return true;
 }
 
 // Every mask bound is a lower or an upper limit on the key index, so the keys

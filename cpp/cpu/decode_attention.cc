@@ -91,8 +91,9 @@ class SplitWorker {
  public:
   SplitWorker(const DecodeParams& p, int64_t splits, const Partials& partials)
       : p_(p), vis_{p}, splits_(splits), partials_(partials), G_(p.group()), H_(p.head_dim),
-        rows_(p.rows_per_kv_head()), q_(rows_ * H_), acc_(rows_ * H_), k_(kBlockK * H_),
-        v_(kBlockK * H_), row_max_(rows_), row_sum_(rows_), logits_(kBlockK), key_ok_(kBlockK) {}
+        rows_(p.rows_per_kv_head()), q_(rows_ * H_), acc_(rows_ * H_), kt_(H_ * kBlockK),
+        v_(kBlockK * H_), row_max_(rows_), row_sum_(rows_), scores_(rows_ * kBlockK),
+        key_ok_(kBlockK) {}
 
   void operator()(int64_t item) {
     const int64_t b = item / (p_.num_kv_heads * splits_);
@@ -117,19 +118,15 @@ class SplitWorker {
       for (int64_t c = 0; c < cols; ++c) {
         const Elem* k_row = key_row(p_, k, b, j0 + c, kh);
         key_ok_[c] = k_row != nullptr;
-        if (!key_ok_[c]) {  // zeros: P V adds its zero weight times this row
+        // A masked key reads zeros: P V adds its zero weight times its V row.
+        for (int64_t h = 0; h < H_; ++h) kt_[h * kBlockK + c] = key_ok_[c] ? to_float(k_row[h]) : 0.f;
+        if (key_ok_[c]) {
+          load_row(key_row(p_, v, b, j0 + c, kh), H_, &v_[c * H_]);
+        } else {
           std::fill_n(&v_[c * H_], H_, 0.f);
-          continue;
         }
-        load_row(k_row, H_, &k_[c * H_]);
-        load_row(key_row(p_, v, b, j0 + c, kh), H_, &v_[c * H_]);
       }
-      for (int64_t r = 0; r < rows_; ++r) {
-        const KeyRange seen = vis_.row(len, r / G_);
-        const int64_t c0 = std::max(seen.begin, j0) - j0;
-        const int64_t c1 = std::min(seen.end, j0 + cols) - j0;
-        if (c0 < c1) update_row(r, c0, c1);
-      }
+      update_block(len, j0, cols);
     }
     write(b, kh, split);
   }
@@ -143,22 +140,24 @@ class SplitWorker {
     return p_.soft_cap > 0.f ? p_.soft_cap * std::tanh(x / p_.soft_cap) : x;
   }
 
-  // Online softmax step for row r against tile columns [c0, c1): rescale the
-  // running sum and accumulator to the new max, then add the visible keys
-  // (a masked key's weight is exp(-inf) = 0, its V row zeros).
-  void update_row(int64_t r, int64_t c0, int64_t c1) {
-    float* logits = logits_.data();
-    dot_rows(&q_[r * H_], k_.data(), H_, c0, c1, p_.scale, logits);
-    for (int64_t c = c0; c < c1; ++c) logits[c] = key_ok_[c] ? soft_capped(logits[c]) : kNegInf;
-    const float new_max = std::max(row_max_[r], max_of(logits + c0, c1 - c0));
-    if (new_max == kNegInf) return;  // no visible key yet
-    const float correction = std::exp(row_max_[r] - new_max);
-    float* acc = &acc_[r * H_];
-    scale_row(correction, acc, H_);
-    const float block_sum = exp_shift_sum(logits + c0, c1 - c0, new_max);
-    add_weighted_rows(logits, v_.data(), H_, c0, c1, acc);
-    row_sum_[r] = row_sum_[r] * correction + block_sum;
-    row_max_[r] = new_max;
+  // Keys [j0, j0 + cols) against every row: S = scale Q K^T as one tile
+  // product, each row's online softmax step on the keys it sees (the others,
+  // and masked keys, get weight 0), then O += P V as one tile product.
+  void update_block(int64_t len, int64_t j0, int64_t cols) {
+    gemm(rows_, cols, H_, {q_.data(), H_, 1}, kt_.data(), kBlockK, p_.scale, false,
+         scores_.data(), kBlockK);
+    for (int64_t r = 0; r < rows_; ++r) {
+      float* x = &scores_[r * kBlockK];
+      const KeyRange seen = vis_.row(len, r / G_);
+      int64_t c0 = std::clamp(seen.begin - j0, int64_t{0}, cols);
+      int64_t c1 = std::clamp(seen.end - j0, c0, cols);
+      for (int64_t c = c0; c < c1; ++c) x[c] = key_ok_[c] ? soft_capped(x[c]) : kNegInf;
+      if (c0 == c1 || !online_softmax_step(row_max_[r], row_sum_[r], &acc_[r * H_], H_, x, c0, c1))
+        c0 = c1 = 0;  // no visible key yet: a zero row
+      std::fill(x, x + c0, 0.f);
+      std::fill(x + c1, x + cols, 0.f);
+    }
+    gemm(rows_, H_, cols, {scores_.data(), kBlockK, 1}, v_.data(), H_, 1.f, true, acc_.data(), H_);
   }
 
   // Rows that saw no key: o = 0 (and lse = -inf for a partial).
@@ -185,8 +184,8 @@ class SplitWorker {
   int64_t splits_;
   Partials partials_;
   int64_t G_, H_, rows_;
-  std::vector<float> q_, acc_, k_, v_;
-  std::vector<float> row_max_, row_sum_, logits_;
+  std::vector<float> q_, acc_, kt_, v_;  // kt_: the key tile transposed, [H][kBlockK]
+  std::vector<float> row_max_, row_sum_, scores_;
   std::vector<char> key_ok_;
 };
 
