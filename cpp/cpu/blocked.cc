@@ -16,6 +16,22 @@ namespace cpu {
 
 namespace {
 
+// Independent partial sums in dot(): without -ffast-math the compiler may not
+// reassociate a single float accumulator, but it does vectorize these lanes.
+constexpr int kDotLanes = 8;
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  float partial[kDotLanes] = {};
+  int64_t h = 0;
+  for (; h + kDotLanes <= n; h += kDotLanes) {
+    for (int lane = 0; lane < kDotLanes; ++lane) partial[lane] += a[h + lane] * b[h + lane];
+  }
+  float sum = 0.f;
+  for (; h < n; ++h) sum += a[h] * b[h];
+  for (int lane = 0; lane < kDotLanes; ++lane) sum += partial[lane];
+  return sum;
+}
+
 // kLanes floats as one of GCC's generic vectors: 8 for AVX2, 4 for SSE2
 // and NEON. A vector wider than the
 // target's registers is emulated through memory: 8-float vectors ran 40x
@@ -123,6 +139,11 @@ void gemm(int64_t m, int64_t n, int64_t depth, StridedMatrix a, const float* b, 
   if (avx2) return gemm_avx2(m, n, depth, a, b, ldb, alpha, accumulate, c, ldc);
 #endif
   gemm_lanes<4>(m, n, depth, a, b, ldb, alpha, accumulate, c, ldc);
+}
+
+JAXCRAFT_CPU_CLONES void dot_rows(const float* x, const float* rows, int64_t n, int64_t c0,
+                                  int64_t c1, float scale, float* out) {
+  for (int64_t c = c0; c < c1; ++c) out[c] = scale * dot(x, rows + c * n, n);
 }
 
 constexpr int kLanes = 16;  // partial results of max_of and exp_shift_sum

@@ -36,6 +36,14 @@ float max_of(const float* v, int64_t n);
 // v[c] = exp_keep_nan(v[c] - shift) in place; returns their sum.
 float exp_shift_sum(float* v, int64_t n, float shift);
 
+// out[c] = scale * (x . row c) for the rows c in [c0, c1) of a tile (row c
+// at rows + c * n), each a dot product with 8 lanes of partial sums,
+// compiled for AVX2 + FMA and the baseline (cpu/isa_clones.h): a row of
+// logits, for the few query rows of a decode step (gemm below needs the
+// keys transposed, which costs more there than it saves).
+void dot_rows(const float* x, const float* rows, int64_t n, int64_t c0, int64_t c1, float scale,
+              float* out);
+
 // A float matrix read through strides: element (i, k) at
 // data[i * row + k * col]. A row-major tile with leading dimension ld reads
 // as itself with {ld, 1} and as its transpose with {1, ld}.

@@ -91,7 +91,7 @@ class SplitWorker {
  public:
   SplitWorker(const DecodeParams& p, int64_t splits, const Partials& partials)
       : p_(p), vis_{p}, splits_(splits), partials_(partials), G_(p.group()), H_(p.head_dim),
-        rows_(p.rows_per_kv_head()), q_(rows_ * H_), acc_(rows_ * H_), kt_(H_ * kBlockK),
+        rows_(p.rows_per_kv_head()), q_(rows_ * H_), acc_(rows_ * H_), k_(kBlockK * H_),
         v_(kBlockK * H_), row_max_(rows_), row_sum_(rows_), scores_(rows_ * kBlockK),
         key_ok_(kBlockK) {}
 
@@ -118,13 +118,12 @@ class SplitWorker {
       for (int64_t c = 0; c < cols; ++c) {
         const Elem* k_row = key_row(p_, k, b, j0 + c, kh);
         key_ok_[c] = k_row != nullptr;
-        // A masked key reads zeros: P V adds its zero weight times its V row.
-        for (int64_t h = 0; h < H_; ++h) kt_[h * kBlockK + c] = key_ok_[c] ? to_float(k_row[h]) : 0.f;
-        if (key_ok_[c]) {
-          load_row(key_row(p_, v, b, j0 + c, kh), H_, &v_[c * H_]);
-        } else {
+        if (!key_ok_[c]) {  // zeros: P V adds its zero weight times this row
           std::fill_n(&v_[c * H_], H_, 0.f);
+          continue;
         }
+        load_row(k_row, H_, &k_[c * H_]);
+        load_row(key_row(p_, v, b, j0 + c, kh), H_, &v_[c * H_]);
       }
       update_block(len, j0, cols);
     }
@@ -140,17 +139,16 @@ class SplitWorker {
     return p_.soft_cap > 0.f ? p_.soft_cap * std::tanh(x / p_.soft_cap) : x;
   }
 
-  // Keys [j0, j0 + cols) against every row: S = scale Q K^T as one tile
-  // product, each row's online softmax step on the keys it sees (the others,
-  // and masked keys, get weight 0), then O += P V as one tile product.
+  // Keys [j0, j0 + cols) against every row: each row's logits and online
+  // softmax step on the keys it sees (the others, and masked keys, get
+  // weight 0), then O += P V as one tile product.
   void update_block(int64_t len, int64_t j0, int64_t cols) {
-    gemm(rows_, cols, H_, {q_.data(), H_, 1}, kt_.data(), kBlockK, p_.scale, false,
-         scores_.data(), kBlockK);
     for (int64_t r = 0; r < rows_; ++r) {
       float* x = &scores_[r * kBlockK];
       const KeyRange seen = vis_.row(len, r / G_);
       int64_t c0 = std::clamp(seen.begin - j0, int64_t{0}, cols);
       int64_t c1 = std::clamp(seen.end - j0, c0, cols);
+      dot_rows(&q_[r * H_], k_.data(), H_, c0, c1, p_.scale, x);
       for (int64_t c = c0; c < c1; ++c) x[c] = key_ok_[c] ? soft_capped(x[c]) : kNegInf;
       if (c0 == c1 || !online_softmax_step(row_max_[r], row_sum_[r], &acc_[r * H_], H_, x, c0, c1))
         c0 = c1 = 0;  // no visible key yet: a zero row
@@ -184,7 +182,7 @@ class SplitWorker {
   int64_t splits_;
   Partials partials_;
   int64_t G_, H_, rows_;
-  std::vector<float> q_, acc_, kt_, v_;  // kt_: the key tile transposed, [H][kBlockK]
+  std::vector<float> q_, acc_, k_, v_;
   std::vector<float> row_max_, row_sum_, scores_;
   std::vector<char> key_ok_;
 };
