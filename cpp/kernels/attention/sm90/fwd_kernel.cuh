@@ -218,6 +218,13 @@ struct FwdSm90Args {
   // paired: a unit is query tiles r and m_blocks - 1 - r of one head
   // (ceil(m_blocks / 2) units per head), else one tile (m_blocks per head).
   int m_blocks, units, paired;
+  // Query tile r's first row is r * kBlockM - m_shift. A causal launch with
+  // the tile counter (head dim 64, the plain instance) shifts the tiles
+  // toward the last query row by whole warpgroups: the partial tile, with
+  // idle warpgroups, is then the first, which sees the fewest keys, not the
+  // last, which sees the most (S1024: the last tile's 64 rows kept two of
+  // the three warpgroups idle for 8 key tiles, the first tile's for 1).
+  int m_shift;
   FastDivmod kv_group;  // query heads per KV head
   int o_in_stage;  // kOInStage and a persistent launch
   // A persistent launch's zeroed count of units handed out (FwdArgs::
@@ -339,6 +346,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   };
   struct Work {
     int rank, m0, head, b, kv_head, rows_valid, t_begin, t_end;
+    int row_first;  // the item's rows [row_first, rows_valid) are queries (m0 may be < 0)
     SeqLens lens;
   };
   // The cursor after `cur`, whose work is `wk` (its rank decoded once).
@@ -384,13 +392,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     w.b = item.batch;
     w.kv_head = p.kv_group.div(w.head);
     w.lens = seq_lens(a.mask, sh, w.b);
-    w.m0 = (p.m_blocks - 1 - item.rank) * kBM;
+    w.m0 = (p.m_blocks - 1 - item.rank) * kBM - (Cfg::kTileCounter ? p.m_shift : 0);
+    w.row_first = Cfg::kTileCounter ? max(0, -w.m0) : 0;
     w.rows_valid = min(kBM, w.lens.q_len - w.m0);
     int n_lo = 0, n_hi = 0;
-    if (w.rows_valid > 0) {
-      key_range(a.mask, w.m0, w.m0 + w.rows_valid - 1, w.lens.kv_len, &n_lo, &n_hi);
-      if constexpr (kFeat != kPlain)
-        segment_key_range(a.mask, sh, w.b, w.m0, w.m0 + w.rows_valid - 1, &n_lo, &n_hi);
+    if (w.rows_valid > w.row_first) {
+      const int first = w.m0 + w.row_first, last = w.m0 + w.rows_valid - 1;
+      key_range(a.mask, first, last, w.lens.kv_len, &n_lo, &n_hi);
+      if constexpr (kFeat != kPlain) segment_key_range(a.mask, sh, w.b, first, last, &n_lo, &n_hi);
     }
     w.t_begin = max(n_lo, 0) / kBN;
     w.t_end = n_hi > n_lo ? (n_hi + kBN - 1) / kBN : w.t_begin;
@@ -561,6 +570,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (cur.unit >= p.units) break;
     const Work wk = work_at(cur);
     const int m0 = wk.m0, head = wk.head, b = wk.b, rows_valid = wk.rows_valid;
+    const int row_first = wk.row_first;
     const int t_begin = wk.t_begin, t_end = wk.t_end;
     const SeqLens lens = wk.lens;
     float o[1][kOTiles][4];
@@ -849,9 +859,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // loop bound must be warp-uniform (the broadcast wg): without that it
     // cost 5-12% on every row.
     int n_live = 0, last_keys = 0;  // last_keys: the live keys of tile n_live - 1
-    if (const int wg_rows = min(kWgmmaM, rows_valid - wg_row0); wg_rows > 0) {
+    if (const int wg_first = max(wg_row0, row_first), wg_end = min(wg_row0 + kWgmmaM, rows_valid);
+        wg_end > wg_first) {
       int wg_lo, wg_hi;
-      key_range(a.mask, m0 + wg_row0, m0 + wg_row0 + wg_rows - 1, lens.kv_len, &wg_lo, &wg_hi);
+      key_range(a.mask, m0 + wg_first, m0 + wg_end - 1, lens.kv_len, &wg_lo, &wg_hi);
       n_live = min(n_tiles, max(0, (wg_hi - t_begin * kBN + kBN - 1) / kBN));
       last_keys = wg_hi - (t_begin + n_live - 1) * kBN;
     }
@@ -967,7 +978,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (int h = 0; h < 2; ++h) {
       const int r = thread_row0 + 8 * h;
       const float sum = kSumByMma ? o[0][kD / 8][2 * h] : quad_sum(row_sum[0][h]);
-      const bool seen = sum > 0.f && r < rows_valid;
+      const bool seen = sum > 0.f && r >= row_first && r < rows_valid;
       float inv = seen ? 1.f / sum : 0.f;
       if constexpr (kFeat == kDropout) inv *= a.scores.dropout_keep_scale;
 #pragma unroll
@@ -975,7 +986,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         o[0][j][2 * h] *= inv;
         o[0][j][2 * h + 1] *= inv;
       }
-      if (t == 0 && r < rows_out)
+      if (t == 0 && r >= row_first && r < rows_out)
         lse[r] = seen ? (row_max[0][h] + __log2f(sum)) * kLn2 : -INFINITY;
     }
     const int o_stage = ring.stage(it0 + n_tiles - 1);
@@ -1004,7 +1015,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     named_barrier_sync(1 + c, kWarpgroupThreads);
     const bool late_release = kLateRelease && o_in_stage;
     if (ct == 0) {
-      if (wg_row0 < rows_out) {
+      // A warpgroup whose rows lie before row 0 (a shifted first tile) stores nothing.
+      if (wg_row0 < rows_out && wg_row0 >= row_first) {
 #pragma unroll
         for (int cb = 0; cb < kCB; ++cb)
           tma_store_4d(&p.o_map, o_tile + cb * col_block_bytes<kBM>() + wg_row0 * kSwizzleRowBytes,
@@ -1065,6 +1077,12 @@ cudaError_t launch_fwd_sm90(const FwdArgs& a, cudaStream_t stream,
       Cfg::kPersistent && (!a.mask.causal || s.seqlen_q <= Cfg::kCausalPersistRows);
   p.m_blocks = (s.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   p.tile_counter = persistent && Cfg::kTileCounter ? a.tile_counter : nullptr;
+  // Whole warpgroups' rows (a TMA store at a negative row is an illegal
+  // instruction; loads there read zeros): the last tile may still end past
+  // the last row by less than 64.
+  p.m_shift = p.tile_counter != nullptr && a.mask.causal && kFeat == kPlain
+                  ? (p.m_blocks * Cfg::kBlockM - int(s.seqlen_q)) / kWgmmaM * kWgmmaM
+                  : 0;
   p.paired = persistent && a.mask.causal && p.tile_counter == nullptr;
   p.o_in_stage = persistent && Cfg::kOInStage;
   p.kv_group = FastDivmod::make(s.num_heads / s.num_kv_heads);
