@@ -1,12 +1,13 @@
 // The tile loops of blocked.h, most of the CPU attention kernels' time.
-// The products were one dot product or one y += w x row per (query, key)
-// pair, which load and store an operand per multiply-add (a dot_rows with
-// four keys per pass ran 4x slower: GCC kept its 4 x 8 partial sums in
-// memory); gemm keeps a 4 x 16 block of the result in registers instead,
-// through GCC's generic vectors (118 GFLOP/s on one AVX2 core of the
-// development machine, about its FMA peak; the forward and backward 1.8-2x
-// faster, bench/NOTES.md). The selects of max_of vectorize only where
-// compares may not trap (-fno-trapping-math, CMakeLists.txt).
+// gemm keeps a 4 x 16 block of its result in registers over the whole
+// depth, through GCC's generic vectors (104-118 GFLOP/s on one AVX2 core of
+// the development machine, about its FMA peak; the attention forward and
+// backward became 1.7-2.2x faster, bench/NOTES.md), where one dot product
+// or one y += w x row per (query, key) pair loaded and stored an operand per
+// multiply-add. dot_rows, still the decode kernel's, keeps 8 lanes of
+// partial sums (four keys per pass ran 4x slower: GCC kept the 4 x 8 sums
+// in memory). The selects of max_of vectorize only where compares may not
+// trap (-fno-trapping-math, CMakeLists.txt).
 #include "cpu/blocked.h"
 
 #include "cpu/isa_clones.h"
@@ -32,31 +33,31 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
-// kLanes floats as one of GCC's generic vectors: 8 for AVX2, 4 for SSE2
-// and NEON. A vector wider than the
-// target's registers is emulated through memory: 8-float vectors ran 40x
-// slower on the x86-64 baseline than on AVX2, so each ISA gets its width.
-template <int kLanes>
+// kWidth floats as one of GCC's generic vectors: 8 for AVX2, 4 for SSE2
+// and NEON. A vector wider than the target's registers is emulated through
+// memory (8-float vectors ran 40x slower on the x86-64 baseline than on
+// AVX2), so each ISA gets its own width.
+template <int kWidth>
 struct Lanes {
-  typedef float Vec __attribute__((vector_size(4 * kLanes)));
+  typedef float Vec __attribute__((vector_size(4 * kWidth)));
 };
 
-// gemm's register block: rows [i, i + kRows) x columns [j, j + kLanes kVecs)
+// gemm's register block: rows [i, i + kRows) x columns [j, j + kWidth kVecs)
 // of c, accumulated in registers over the whole depth: per k, kVecs loads
 // of b's row, kRows broadcasts of a, kRows x kVecs multiply-adds. Inlined
 // into each ISA's gemm, so that it is compiled for that ISA.
-template <int kLanes, int kRows, int kVecs>
+template <int kWidth, int kRows, int kVecs>
 [[gnu::always_inline]] inline void gemm_block(int64_t i, int64_t j, int64_t depth,
                                               StridedMatrix a, const float* b, int64_t ldb,
                                               float alpha, bool accumulate, float* c,
                                               int64_t ldc) {
-  using Vec = typename Lanes<kLanes>::Vec;
+  using Vec = typename Lanes<kWidth>::Vec;
   Vec acc[kRows][kVecs] = {};
   const float* a_i = a.data + i * a.row;
   for (int64_t k = 0; k < depth; ++k) {
     Vec bk[kVecs];
 #pragma GCC unroll 4
-    for (int v = 0; v < kVecs; ++v) __builtin_memcpy(&bk[v], b + k * ldb + j + v * kLanes, sizeof(Vec));
+    for (int v = 0; v < kVecs; ++v) __builtin_memcpy(&bk[v], b + k * ldb + j + v * kWidth, sizeof(Vec));
 #pragma GCC unroll 8
     for (int r = 0; r < kRows; ++r) {
       const float x = a_i[r * a.row + k * a.col];  // broadcast by the product
@@ -68,7 +69,7 @@ template <int kLanes, int kRows, int kVecs>
   for (int r = 0; r < kRows; ++r) {
 #pragma GCC unroll 4
     for (int v = 0; v < kVecs; ++v) {
-      float* dst = c + (i + r) * ldc + j + v * kLanes;
+      float* dst = c + (i + r) * ldc + j + v * kWidth;
       Vec out = alpha * acc[r][v];
       if (accumulate) {
         Vec old;
@@ -80,33 +81,33 @@ template <int kLanes, int kRows, int kVecs>
   }
 }
 
-// Columns [j, j + kLanes kVecs) of every row: blocks of kGemmRows rows, then
+// Columns [j, j + kWidth kVecs) of every row: blocks of kGemmRows rows, then
 // the rows left one at a time.
 constexpr int kGemmRows = 4;
-template <int kLanes, int kVecs>
+template <int kWidth, int kVecs>
 [[gnu::always_inline]] inline void gemm_columns(int64_t m, int64_t j, int64_t depth,
                                                 StridedMatrix a, const float* b, int64_t ldb,
                                                 float alpha, bool accumulate, float* c,
                                                 int64_t ldc) {
   int64_t i = 0;
   for (; i + kGemmRows <= m; i += kGemmRows)
-    gemm_block<kLanes, kGemmRows, kVecs>(i, j, depth, a, b, ldb, alpha, accumulate, c, ldc);
-  for (; i < m; ++i) gemm_block<kLanes, 1, kVecs>(i, j, depth, a, b, ldb, alpha, accumulate, c, ldc);
+    gemm_block<kWidth, kGemmRows, kVecs>(i, j, depth, a, b, ldb, alpha, accumulate, c, ldc);
+  for (; i < m; ++i) gemm_block<kWidth, 1, kVecs>(i, j, depth, a, b, ldb, alpha, accumulate, c, ldc);
 }
 
-// The whole product in blocks of 2 kLanes columns, then kLanes, then the
+// The whole product in blocks of 2 kWidth columns, then kWidth, then the
 // last few (head dims that are not multiples of the lanes) one at a time.
-template <int kLanes>
-[[gnu::always_inline]] inline void gemm_lanes(int64_t m, int64_t n, int64_t depth,
+template <int kWidth>
+[[gnu::always_inline]] inline void gemm_width(int64_t m, int64_t n, int64_t depth,
                                               StridedMatrix a, const float* b, int64_t ldb,
                                               float alpha, bool accumulate, float* c,
                                               int64_t ldc) {
   int64_t j = 0;
-  for (; j + 2 * kLanes <= n; j += 2 * kLanes)
-    gemm_columns<kLanes, 2>(m, j, depth, a, b, ldb, alpha, accumulate, c, ldc);
-  if (j + kLanes <= n) {
-    gemm_columns<kLanes, 1>(m, j, depth, a, b, ldb, alpha, accumulate, c, ldc);
-    j += kLanes;
+  for (; j + 2 * kWidth <= n; j += 2 * kWidth)
+    gemm_columns<kWidth, 2>(m, j, depth, a, b, ldb, alpha, accumulate, c, ldc);
+  if (j + kWidth <= n) {
+    gemm_columns<kWidth, 1>(m, j, depth, a, b, ldb, alpha, accumulate, c, ldc);
+    j += kWidth;
   }
   for (; j < n; ++j) {
     for (int64_t i = 0; i < m; ++i) {
@@ -126,7 +127,7 @@ __attribute__((target("avx2,fma"))) void gemm_avx2(int64_t m, int64_t n, int64_t
                                                    StridedMatrix a, const float* b, int64_t ldb,
                                                    float alpha, bool accumulate, float* c,
                                                    int64_t ldc) {
-  gemm_lanes<8>(m, n, depth, a, b, ldb, alpha, accumulate, c, ldc);
+  gemm_width<8>(m, n, depth, a, b, ldb, alpha, accumulate, c, ldc);
 }
 #endif
 
@@ -138,7 +139,7 @@ void gemm(int64_t m, int64_t n, int64_t depth, StridedMatrix a, const float* b, 
   static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   if (avx2) return gemm_avx2(m, n, depth, a, b, ldb, alpha, accumulate, c, ldc);
 #endif
-  gemm_lanes<4>(m, n, depth, a, b, ldb, alpha, accumulate, c, ldc);
+  gemm_width<4>(m, n, depth, a, b, ldb, alpha, accumulate, c, ldc);
 }
 
 JAXCRAFT_CPU_CLONES void dot_rows(const float* x, const float* rows, int64_t n, int64_t c0,
