@@ -506,15 +506,14 @@ class TileGradient {
         cap_grad_(kBlockK), d_logit_(in.mods.softcap() ? kBlockQ * kBlockK : 0) {}
 
   // Rows i0 + r of head n, r < rows, with key ranges row_keys[r] and their Q
-  // and dO rows in q and d_o ([rows][H]), against the tile `kv` (cols keys).
+  // and dO rows in q and d_o ([rows][H]), against the columns `seen` of the
+  // tile `kv` (seen_columns of the same rows; not empty).
   TileGradients operator()(int64_t b, int64_t n, int64_t i0, int64_t rows,
                            const KeyRange* row_keys, const float* q, const float* d_o,
-                           const KvTile& kv, int64_t cols) {
+                           const KvTile& kv, KeyRange seen) {
     const int64_t H = in_.l.H, j0 = kv.j0;
-    const KeyRange seen = seen_columns(row_keys, rows, j0, cols);
     TileGradients g{seen, prob_.data(), d_score_.data(),
                     in_.mods.softcap() ? d_logit_.data() : d_score_.data()};
-    if (seen.empty()) return g;
     const int64_t width = seen.end - seen.begin;
     // The logits, then P in place; dP, then dS in place.
     gemm(rows, width, H, {q, H, 1}, kv.kt.data() + seen.begin, kBlockK, in_.p.scale, false,
@@ -594,10 +593,11 @@ class DkDvWorker {
     for (int64_t qb = q_span.first; qb < q_span.last; ++qb) {
       const int64_t i0 = qb * kBlockQ;
       const int64_t rows = std::min(kBlockQ, l_.T - i0);
-      if (intersect(in_.ranges.rows(b, i0, i0 + rows), {j0, j0 + cols}).empty()) continue;
       for (int64_t r = 0; r < rows; ++r) row_keys_[r] = in_.ranges.row(b, i0 + r);
+      const KeyRange seen = seen_columns(row_keys_.data(), rows, j0, cols);
+      if (seen.empty()) continue;
       for (int64_t g = 0; g < l_.group; ++g) {
-        accumulate_q_block(b, kv_head * l_.group + g, i0, rows, cols);
+        accumulate_q_block(b, kv_head * l_.group + g, i0, rows, seen);
       }
     }
 
@@ -624,12 +624,11 @@ class DkDvWorker {
   }
 
   // dV += (P f)^T dO and dK += dlogit^T Q over the tile's seen columns.
-  void accumulate_q_block(int64_t b, int64_t n, int64_t i0, int64_t rows, int64_t cols) {
+  void accumulate_q_block(int64_t b, int64_t n, int64_t i0, int64_t rows, KeyRange seen) {
     load_rows(in_.q() + l_.q_index(b, i0, n), l_.q_row_stride(), rows, l_.H, q_.data());
     load_rows(in_.d_o() + l_.q_index(b, i0, n), l_.q_row_stride(), rows, l_.H, do_.data());
     const TileGradients g =
-        grad_(b, n, i0, rows, row_keys_.data(), q_.data(), do_.data(), kv_, cols);
-    if (g.seen.empty()) return;
+        grad_(b, n, i0, rows, row_keys_.data(), q_.data(), do_.data(), kv_, seen);
     const int64_t c0 = g.seen.begin, width = g.seen.end - c0;
     gemm(width, l_.H, rows, {g.dv_weight + c0, 1, kBlockK}, do_.data(), l_.H, 1.f, true,
          &dv_[c0 * l_.H], l_.H);
@@ -675,10 +674,11 @@ class DqWorker {
     for (int64_t kb = span.first; kb < span.last; ++kb) {
       const int64_t j0 = kb * kBlockK;
       const int64_t cols = std::min(kBlockK, l_.S - j0);
-      if (seen_columns(row_keys_.data(), rows, j0, cols).empty()) continue;
+      const KeyRange seen = seen_columns(row_keys_.data(), rows, j0, cols);
+      if (seen.empty()) continue;
       kv_.load(in_.k(), in_.v(), l_, b, kv_head, j0, cols);
       const TileGradients g =
-          grad_(b, n, i0, rows, row_keys_.data(), q_.data(), do_.data(), kv_, cols);
+          grad_(b, n, i0, rows, row_keys_.data(), q_.data(), do_.data(), kv_, seen);
       const int64_t c0 = g.seen.begin;
       gemm(rows, l_.H, g.seen.end - c0, {g.d_logit + c0, kBlockK, 1}, &kv_.k[c0 * l_.H], l_.H,
            1.f, true, dq_.data(), l_.H);
@@ -735,7 +735,10 @@ class DbiasWorker {
     // (n), else only the tile's own.
     for (int64_t b = bias_b; b < l_.B; b += tiles_.batches) {
       for (int64_t r = 0; r < rows; ++r) row_keys_[r] = in_.ranges.row(b, i0 + r);
-      for (int64_t n = bias_n; n < l_.N; n += tiles_.heads) accumulate(b, n, i0, rows, j0, cols);
+      const KeyRange seen = seen_columns(row_keys_.data(), rows, j0, cols);
+      if (seen.empty()) continue;
+      for (int64_t n = bias_n; n < l_.N; n += tiles_.heads)
+        accumulate(b, n, i0, rows, j0, cols, seen);
     }
     for (int64_t r = 0; r < rows; ++r) {
       const float* sum = &tile_[r * kBlockK];
@@ -744,13 +747,13 @@ class DbiasWorker {
   }
 
  private:
-  void accumulate(int64_t b, int64_t n, int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
-    if (seen_columns(row_keys_.data(), rows, j0, cols).empty()) return;
+  void accumulate(int64_t b, int64_t n, int64_t i0, int64_t rows, int64_t j0, int64_t cols,
+                  KeyRange seen) {
     load_rows(in_.q() + l_.q_index(b, i0, n), l_.q_row_stride(), rows, l_.H, q_.data());
     load_rows(in_.d_o() + l_.q_index(b, i0, n), l_.q_row_stride(), rows, l_.H, do_.data());
     kv_.load(in_.k(), in_.v(), l_, b, n / l_.group, j0, cols);
     const TileGradients g =
-        grad_(b, n, i0, rows, row_keys_.data(), q_.data(), do_.data(), kv_, cols);
+        grad_(b, n, i0, rows, row_keys_.data(), q_.data(), do_.data(), kv_, seen);
     for (int64_t r = 0; r < rows; ++r) {
       float* sum = &tile_[r * kBlockK];
       const float* ds = g.d_score + r * kBlockK;

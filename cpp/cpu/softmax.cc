@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <vector>
 
 #include "common/host_float.h"
@@ -27,9 +26,9 @@ constexpr int64_t kMinElementsPerThread = 1 << 16;
 constexpr int64_t kChunk = 256;
 // Independent partial sums: lets the compiler vectorize the reductions.
 constexpr int kLanes = 16;
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 using cpu::exp_keep_nan;
 using cpu::exp_shift_sum;
+using cpu::kNegInf;
 using cpu::max_of;
 
 int64_t min_rows_per_thread(int64_t cols) {
