@@ -1,6 +1,7 @@
 // The Python extension: hands JAX the FFI handlers, grouped by platform.
 #include <nanobind/nanobind.h>
 
+#include "cpu/blocked.h"
 #include "ffi/handlers.h"
 
 namespace nb = nanobind;
@@ -46,6 +47,8 @@ NB_MODULE(_jaxcraft, m) {
     out["CUDA"] = cuda;
     return out;
   });
+  // The CPU tile products' vector width (cpu/blocked.h), for the tests.
+  m.def("cpu_gemm_lanes", &jaxcraft::cpu::gemm_lanes);
   m.attr("with_cuda") =
 #ifdef JAXCRAFT_WITH_CUDA
       true;

@@ -76,6 +76,19 @@ def test_head_dims_and_gqa(platform, head_dim, heads):
   _check(platform, q, k, v, grads=head_dim in (64, 80, 256), is_causal=True)
 
 
+@pytest.mark.parametrize("head_dim", [1, 13, 67])
+def test_odd_head_dims(platform, head_dim):
+  # The CPU kernel takes any head dim (its tile products end rows and
+  # columns in single elements); the CUDA kernels take multiples of 8.
+  q, k, v = _qkv(2, 19, 23, 4, 2, head_dim, jnp.float32, seed=head_dim)
+  if platform == "cpu":
+    _check(platform, q, k, v, is_causal=True)
+    return
+  q, k, v = (a.astype(jnp.bfloat16) for a in (q, k, v))
+  with pytest.raises(ValueError, match=f"multiple of 8; got {head_dim}"):
+    _attn("cuda", q, k, v)
+
+
 @pytest.mark.parametrize("window", [3, (5, 0), (0, 9), (20, 7)])
 @pytest.mark.parametrize("alignment", ["top_left", "bottom_right"])
 def test_windows(platform, window, alignment):

@@ -148,6 +148,14 @@ def test_head_dims(platform, head_dim):
   _check(platform, q, k, v, _lengths(3, 130))
 
 
+@pytest.mark.parametrize("head_dim", [1, 13, 67])
+def test_odd_head_dims(platform, head_dim):
+  if platform == "cuda":
+    pytest.skip("the CUDA kernel takes multiples of 8 (test_cuda_rejects_odd_head_dims_clearly)")
+  q, k, v = _inputs(3, 2, 130, 8, 2, head_dim, jnp.float32, seed=head_dim)
+  _check(platform, q, k, v, _lengths(3, 130))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_long_cache_uses_splits(platform, dtype):
   # One sequence and KV head: every split path (several splits + combine)

@@ -10,6 +10,9 @@
 // trap (-fno-trapping-math, CMakeLists.txt).
 #include "cpu/blocked.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #include "cpu/isa_clones.h"
 
 namespace jaxcraft {
@@ -133,11 +136,23 @@ __attribute__((target("avx2,fma"))) void gemm_avx2(int64_t m, int64_t n, int64_t
 
 }  // namespace
 
+int gemm_lanes() {
+#ifdef JAXCRAFT_GEMM_AVX2
+  static const int lanes = [] {
+    const char* portable = std::getenv("JAXCRAFT_CPU_PORTABLE_GEMM");
+    if (portable != nullptr && std::strcmp(portable, "1") == 0) return 4;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 8 : 4;
+  }();
+  return lanes;
+#else
+  return 4;
+#endif
+}
+
 void gemm(int64_t m, int64_t n, int64_t depth, StridedMatrix a, const float* b, int64_t ldb,
           float alpha, bool accumulate, float* c, int64_t ldc) {
 #ifdef JAXCRAFT_GEMM_AVX2
-  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (avx2) return gemm_avx2(m, n, depth, a, b, ldb, alpha, accumulate, c, ldc);
+  if (gemm_lanes() == 8) return gemm_avx2(m, n, depth, a, b, ldb, alpha, accumulate, c, ldc);
 #endif
   gemm_width<4>(m, n, depth, a, b, ldb, alpha, accumulate, c, ldc);
 }

@@ -62,6 +62,12 @@ struct StridedMatrix {
 void gemm(int64_t m, int64_t n, int64_t depth, StridedMatrix a, const float* b, int64_t ldb,
           float alpha, bool accumulate, float* c, int64_t ldc);
 
+// gemm's vector width on this machine: 8 (AVX2 + FMA) or 4. The environment
+// variable JAXCRAFT_CPU_PORTABLE_GEMM=1, read at the first call, takes 4 on
+// an AVX2 CPU too: the tests run the path of ARM and older x86-64 CPUs that
+// way (tests/test_cpu_portable_gemm.py).
+int gemm_lanes();
+
 inline void scale_row(float alpha, float* y, int64_t n) {
   for (int64_t h = 0; h < n; ++h) y[h] *= alpha;
 }
