@@ -1,4 +1,5 @@
-"""Attention fwd and fwd+bwd TFLOP/s: jaxcraft vs cuDNN (jax.nn) vs Pallas-Triton vs XLA."""
+"""Attention fwd and fwd+bwd TFLOP/s: jaxcraft vs cuDNN (jax.nn) vs tokamax (Mosaic GPU) vs
+Pallas-Triton vs XLA."""
 
 from __future__ import annotations
 
@@ -36,6 +37,15 @@ def _impls(spec):
       "cudnn": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=spec.causal,
                                                             implementation="cudnn"),
   }
+  try:  # tokamax's Mosaic GPU kernels, where installed (PERF.md says how on the GPU machine)
+    import tokamax
+    # Jitted: each call of a jitted function in the unrolled chain lowers to
+    # a call of one function, so Pallas compiles its kernels once per chain,
+    # not once per step (a 72-step chain took about a minute per cell).
+    impls["tokamax"] = jax.jit(lambda q, k, v: tokamax.dot_product_attention(
+        q, k, v, is_causal=spec.causal, implementation="mosaic"))
+  except ImportError:
+    pass
   try:  # Pallas' Triton flash attention (forward and backward kernels)
     from jax.experimental.pallas.ops.gpu import attention as pallas_attention
     impls["pallas"] = lambda q, k, v: pallas_attention.mha(

@@ -26,13 +26,13 @@ def attention_table(rows):
   by = collections.defaultdict(dict)
   for r in rows:
     by[r["shape"]][(r["impl"], r["mode"])] = r["tflops"]
-  out = ["| D, S | jaxcraft fwd / fwd+bwd | cuDNN fwd / fwd+bwd | Pallas-Triton fwd / fwd+bwd "
-         "| XLA fwd / fwd+bwd |", "|---|---|---|---|---|"]
+  out = ["| D, S | jaxcraft fwd / fwd+bwd | cuDNN fwd / fwd+bwd | tokamax fwd / fwd+bwd "
+         "| Pallas-Triton fwd / fwd+bwd | XLA fwd / fwd+bwd |", "|---|---|---|---|---|---|"]
   for shape, cells in by.items():
     cell = lambda impl: " / ".join(f"{cells[(impl, m)]:.0f}" if (impl, m) in cells else "-"
                                    for m in ("fwd", "fwd+bwd"))
-    out.append(f"| {shape} | {cell('jaxcraft')} | {cell('cudnn')} | {cell('pallas')} "
-               f"| {cell('xla')} |")
+    out.append(f"| {shape} | {cell('jaxcraft')} | {cell('cudnn')} | {cell('tokamax')} "
+               f"| {cell('pallas')} | {cell('xla')} |")
   return "\n".join(out)
 
 
