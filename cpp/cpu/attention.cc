@@ -462,22 +462,23 @@ struct BackwardInputs {
   const Elem* d_o() const { return static_cast<const Elem*>(p.d_o); }
 };
 
-// The K/V tile of one dK/dV, dQ or dbias step, as floats: K and V as rows
-// ([kBlockK][H], for dQ = dlogit K) and transposed ([H][kBlockK], the B
-// operands of S = Q K^T and dP = dO V^T).
+// The K/V tile of one dK/dV, dQ or dbias step, as floats: K and V
+// transposed ([H][kBlockK], the B operands of S = Q K^T and dP = dO V^T)
+// and, for the dQ items (`k_rows`), K as rows too ([kBlockK][H], the B
+// operand of dQ = dlogit K).
 struct KvTile {
   std::vector<float> k, kt, vt;
   int64_t b = -1, kv_head = -1, j0 = -1;  // what it holds
 
-  explicit KvTile(int64_t head_dim)
-      : k(kBlockK * head_dim), kt(head_dim * kBlockK), vt(head_dim * kBlockK) {}
+  KvTile(int64_t head_dim, bool k_rows)
+      : k(k_rows ? kBlockK * head_dim : 0), kt(head_dim * kBlockK), vt(head_dim * kBlockK) {}
 
   template <typename Elem>
   void load(const Elem* k_src, const Elem* v_src, const Layout& l, int64_t b_, int64_t kv_head_,
             int64_t j0_, int64_t cols) {
     if (b_ == b && kv_head_ == kv_head && j0_ == j0) return;  // a group's heads share it
     const int64_t at = l.k_index(b_, j0_, kv_head_);
-    load_rows(k_src + at, l.k_row_stride(), cols, l.H, k.data());
+    if (!k.empty()) load_rows(k_src + at, l.k_row_stride(), cols, l.H, k.data());
     load_rows_transposed(k_src + at, l.k_row_stride(), cols, l.H, kBlockK, kt.data());
     load_rows_transposed(v_src + at, l.k_row_stride(), cols, l.H, kBlockK, vt.data());
     b = b_, kv_head = kv_head_, j0 = j0_;
@@ -576,7 +577,7 @@ template <typename Elem>
 class DkDvWorker {
  public:
   explicit DkDvWorker(const BackwardInputs<Elem>& in)
-      : in_(in), l_(in.l), grad_(in), kv_(l_.H), dk_(kBlockK * l_.H), dv_(kBlockK * l_.H),
+      : in_(in), l_(in.l), grad_(in), kv_(l_.H, false), dk_(kBlockK * l_.H), dv_(kBlockK * l_.H),
         q_(kBlockQ * l_.H), do_(kBlockQ * l_.H), row_keys_(kBlockQ) {}
 
   void operator()(int64_t item) {
@@ -655,7 +656,7 @@ template <typename Elem>
 class DqWorker {
  public:
   explicit DqWorker(const BackwardInputs<Elem>& in)
-      : in_(in), l_(in.l), grad_(in), kv_(l_.H), q_(kBlockQ * l_.H), do_(kBlockQ * l_.H),
+      : in_(in), l_(in.l), grad_(in), kv_(l_.H, true), q_(kBlockQ * l_.H), do_(kBlockQ * l_.H),
         dq_(kBlockQ * l_.H), row_keys_(kBlockQ) {}
 
   void operator()(int64_t item) {
@@ -719,7 +720,7 @@ template <typename Elem>
 class DbiasWorker {
  public:
   DbiasWorker(const BackwardInputs<Elem>& in, const BiasTiles& tiles)
-      : in_(in), l_(in.l), tiles_(tiles), grad_(in), kv_(l_.H), q_(kBlockQ * l_.H),
+      : in_(in), l_(in.l), tiles_(tiles), grad_(in), kv_(l_.H, false), q_(kBlockQ * l_.H),
         do_(kBlockQ * l_.H), tile_(kBlockQ * kBlockK), row_keys_(kBlockQ) {}
 
   void operator()(int64_t item) {
