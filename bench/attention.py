@@ -3,6 +3,7 @@ Pallas-Triton vs XLA."""
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 
@@ -37,8 +38,11 @@ def _impls(spec):
       "cudnn": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=spec.causal,
                                                             implementation="cudnn"),
   }
-  try:  # tokamax's Mosaic GPU kernels, where installed (PERF.md says how on the GPU machine)
+  try:  # tokamax's Mosaic GPU kernels, where installed (bench/peer_wheels.sh)
     import tokamax
+    # It warns of its empty autotuning cache at every lowering (and runs its
+    # default configuration).
+    logging.getLogger("absl").setLevel(logging.ERROR)
     # Jitted: each call of a jitted function in the unrolled chain lowers to
     # a call of one function, so Pallas compiles its kernels once per chain,
     # not once per step (a 72-step chain took about a minute per cell).

@@ -33,6 +33,10 @@ step() {  # step NAME CMD...: run, log to $OUT/NAME.log, remember failure
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+if compgen -G ".whl/*.whl" > /dev/null; then  # peers' wheels (bench/peer_wheels.sh), carried
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/peer_site .whl/*.whl && export PYTHONPATH=/tmp/peer_site:$PWD/.whl/stub${PYTHONPATH:+:$PYTHONPATH}
+fi
 if stage build; then
   step build python3 -m pip install --no-build-isolation --no-deps -v -e . || exit 1
   grep -E "CUDA kernels|cmake version" "$OUT/build.log" | head -3
