@@ -27,13 +27,14 @@ def _portable_run() -> bool:
   return os.environ.get("JAXCRAFT_CPU_PORTABLE_GEMM") == "1"
 
 
-@pytest.mark.skipif(not _ffi.has_kernels("cpu"), reason="needs the CPU kernels")
-def test_portable_gemm_parity():
-  if _portable_run():
-    pytest.skip("this is the subprocess")
+def test_portable_gemm_parity(platform):
+  if platform != "cpu" or _portable_run():
+    pytest.skip("runs once, for the CPU kernels, outside its own subprocess")
   if _ffi._extension().cpu_gemm_lanes() == 4:
     pytest.skip("this CPU runs the portable path in every test")
   env = dict(os.environ, JAXCRAFT_CPU_PORTABLE_GEMM="1", JAXCRAFT_TEST_PLATFORMS="cpu")
+  # The float32 cases of the parametrized tests (their ids name the dtype;
+  # "cpu" also matches this file's name, for test_lanes_in_subprocess).
   run = subprocess.run([sys.executable, "-P", "-m", "pytest", "-q", "-p", "no:cacheprovider",
                         "-k", "cpu and (float32 or not bfloat16 and not float16)", *_TESTS],
                        env=env, capture_output=True, text=True, timeout=900)
