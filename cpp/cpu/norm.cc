@@ -1,8 +1,8 @@
 // Layer norm / RMS norm on the CPU: one pass to load a row into float32
 // scratch (adding the residual), two-pass statistics over that scratch, one
 // pass to write. Threaded over rows; each dtype's row loops compiled for
-// AVX2 + FMA and the baseline (cpu/isa_clones.h): bf16 forwards ran 2-3x
-// faster than the baseline-only build (bench/NOTES.md).
+// AVX2 + FMA and the baseline (cpu/isa_clones.h): with that, the 16-bit
+// forwards ran 1.7-3.3x faster (bench/NOTES.md, forty-fifth session).
 #include "cpu/norm.h"
 
 #include <algorithm>
