@@ -178,6 +178,8 @@ def test_empty_rows(platform):
 
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
 def test_residual_sum_keeps_every_value(platform, dtype):
+  if platform != "cpu":
+    pytest.skip("checks the CPU kernels' conversions; CUDA converts in hardware")
   # h = x + 0 in x's dtype, for every finite 16-bit pattern: on the CPU each
   # goes through the kernels' float conversions (common/host_float.h) one
   # way and back, float16 subnormals included. Bit for bit as XLA's sum
