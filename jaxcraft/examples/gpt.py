@@ -6,8 +6,8 @@
                     `MultiHeadDotProductAttention` with a `make_causal_mask` mask)
   --model dropin    the stock block with `jaxcraft.nn.RMSNorm` and
                     `attention_fn=jaxcraft.nn.dot_product_attention`: only the imports change
-                    (attention given a mask array runs jaxcraft's pure-JAX reference today;
-                    the kernel needs the causal flag that jaxcraft's block passes)
+                    (the kernel reads Flax's causal mask array, where jaxcraft's block passes
+                    the causal flag and no array)
 
 The three have one parameter tree, so one init serves all of them and their loss curves can be
 compared: `python -m jaxcraft.examples.gpt --compare --plot loss.png`.
