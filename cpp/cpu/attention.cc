@@ -486,11 +486,11 @@ struct KvTile {
 };
 
 // The gradient terms of a block of query rows against the columns `seen`
-// of a K/V tile, as [kBlockQ][kBlockK] tiles (row r's column c at
-// r * kBlockK + c). With x the softmax input (params.h) and f the dropout
-// factor keep / (1 - rate) (1 without dropout):
+// of a K/V tile (0 on the seen columns a row does not see), as
+// [kBlockQ][kBlockK] tiles (row r's column c at r * kBlockK + c). With x the
+// softmax input (params.h) and f the dropout factor keep / (1 - rate) (1
+// without dropout):
 struct TileGradients {
-  KeyRange seen;           // the tile columns some row sees; the terms are 0 elsewhere in it
   const float* dv_weight;  // P * f: the weight of dO_i in dV_j
   const float* d_score;    // dS = P * (f * dO.V_j - delta) = d loss / dx, which is dbias
   const float* d_logit;    // dS * d(capped)/d(logit) = d loss / d(scale * q.k)
@@ -513,7 +513,7 @@ class TileGradient {
                            const KeyRange* row_keys, const float* q, const float* d_o,
                            const KvTile& kv, KeyRange seen) {
     const int64_t H = in_.l.H, j0 = kv.j0;
-    TileGradients g{seen, prob_.data(), d_score_.data(),
+    TileGradients g{prob_.data(), d_score_.data(),
                     in_.mods.softcap() ? d_logit_.data() : d_score_.data()};
     const int64_t width = seen.end - seen.begin;
     // The logits, then P in place; dP, then dS in place.
@@ -630,7 +630,7 @@ class DkDvWorker {
     load_rows(in_.d_o() + l_.q_index(b, i0, n), l_.q_row_stride(), rows, l_.H, do_.data());
     const TileGradients g =
         grad_(b, n, i0, rows, row_keys_.data(), q_.data(), do_.data(), kv_, seen);
-    const int64_t c0 = g.seen.begin, width = g.seen.end - c0;
+    const int64_t c0 = seen.begin, width = seen.end - c0;
     gemm(width, l_.H, rows, {g.dv_weight + c0, 1, kBlockK}, do_.data(), l_.H, 1.f, true,
          &dv_[c0 * l_.H], l_.H);
     gemm(width, l_.H, rows, {g.d_logit + c0, 1, kBlockK}, q_.data(), l_.H, 1.f, true,
@@ -639,7 +639,7 @@ class DkDvWorker {
     for (int64_t r = 0; r < rows; ++r) {
       float* dbias = in_.dkdv_dbias + in_.mods.bias_row(b, n, i0 + r) + kv_.j0;
       const float* ds = g.d_score + r * kBlockK;
-      for (int64_t c = c0; c < g.seen.end; ++c) dbias[c] += ds[c];
+      for (int64_t c = c0; c < seen.end; ++c) dbias[c] += ds[c];
     }
   }
 
@@ -680,8 +680,8 @@ class DqWorker {
       kv_.load(in_.k(), in_.v(), l_, b, kv_head, j0, cols);
       const TileGradients g =
           grad_(b, n, i0, rows, row_keys_.data(), q_.data(), do_.data(), kv_, seen);
-      const int64_t c0 = g.seen.begin;
-      gemm(rows, l_.H, g.seen.end - c0, {g.d_logit + c0, kBlockK, 1}, &kv_.k[c0 * l_.H], l_.H,
+      const int64_t c0 = seen.begin;
+      gemm(rows, l_.H, seen.end - c0, {g.d_logit + c0, kBlockK, 1}, &kv_.k[c0 * l_.H], l_.H,
            1.f, true, dq_.data(), l_.H);
     }
 
@@ -758,7 +758,7 @@ class DbiasWorker {
     for (int64_t r = 0; r < rows; ++r) {
       float* sum = &tile_[r * kBlockK];
       const float* ds = g.d_score + r * kBlockK;
-      for (int64_t c = g.seen.begin; c < g.seen.end; ++c) sum[c] += ds[c];
+      for (int64_t c = seen.begin; c < seen.end; ++c) sum[c] += ds[c];
     }
   }
 
