@@ -3,6 +3,8 @@
 
   python bench/attention_profile.py D64S4096c D128S2048 ... [--trace-dir DIR] [--mode fwd]
     [--chain N] (N steps unrolled as in the benchmark's cells: the idle gaps between calls)
+    [--impls jaxcraft,cudnn,tokamax] (which of the benchmark's implementations; default
+    jaxcraft,cudnn)
   ncu --profile-from-start off ... python bench/attention_profile.py D64S512c --ncu
     (one step of each between cuProfilerStart/Stop, for Nsight Compute, instead of the trace)
 
@@ -39,6 +41,7 @@ def main():
   parser.add_argument("--trace-dir", default=None)
   parser.add_argument("--ncu", action="store_true")
   parser.add_argument("--chain", type=int, default=1)
+  parser.add_argument("--impls", default="jaxcraft,cudnn")
   args = parser.parse_args()
   trace_dir = args.trace_dir or tempfile.mkdtemp(prefix="attn_trace_")
   for row in args.rows:
@@ -47,7 +50,7 @@ def main():
     q, k, v = (jax.random.normal(kk, shape, jnp.bfloat16)
                for kk in jax.random.split(jax.random.key(0), 3))
     for name, fn in attention._impls(spec).items():
-      if name not in ("jaxcraft", "cudnn"):
+      if name not in args.impls.split(","):
         continue
       step = (attention._fwd_bwd if args.mode == "fwd+bwd" else attention._fwd)(fn)
       step = timing._chain(step, args.chain, True) if args.chain > 1 else jax.jit(step)
