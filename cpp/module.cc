@@ -2,6 +2,7 @@
 #include <nanobind/nanobind.h>
 
 #include "cpu/blocked.h"
+#include "cpu/row_convert.h"
 #include "ffi/handlers.h"
 
 namespace nb = nanobind;
@@ -47,8 +48,9 @@ NB_MODULE(_jaxcraft, m) {
     out["CUDA"] = cuda;
     return out;
   });
-  // The CPU tile products' vector width (cpu/blocked.h), for the tests.
+  // The CPU paths chosen at run time (cpu/blocked.h, cpu/row_convert.h), for the tests.
   m.def("cpu_gemm_lanes", &jaxcraft::cpu::gemm_lanes);
+  m.def("cpu_f16c_rows", &jaxcraft::cpu::f16c_rows);
   m.attr("with_cuda") =
 #ifdef JAXCRAFT_WITH_CUDA
       true;

@@ -12,6 +12,7 @@
 #include "common/host_float.h"
 #include "cpu/isa_clones.h"
 #include "cpu/parallel.h"
+#include "cpu/row_convert.h"
 #include "kernels/activations/activation_math.h"
 
 namespace jaxcraft {
@@ -93,15 +94,8 @@ RowMath row_math(Activation act) {
 }
 
 // ---- rows in the storage type
-template <typename T>
-void load_row(const T* in, int64_t n, float* out) {
-  for (int64_t c = 0; c < n; ++c) out[c] = to_float(in[c]);
-}
-
-template <typename T>
-void store_row(const float* in, int64_t n, T* out) {
-  for (int64_t c = 0; c < n; ++c) out[c] = from_float<T>(in[c]);
-}
+using cpu::load_row;
+using cpu::store_row;
 
 template <typename T>
 void fwd_rows(const ActivationFwdParams& p, FwdMath math, int64_t begin, int64_t end) {

@@ -10,31 +10,13 @@
 // trap (-fno-trapping-math, CMakeLists.txt).
 #include "cpu/blocked.h"
 
-#include <cstdlib>
-#include <cstring>
-
 #include "cpu/isa_clones.h"
+#include "cpu/lane_reduce.h"
 
 namespace jaxcraft {
 namespace cpu {
 
 namespace {
-
-// Independent partial sums in dot(): without -ffast-math the compiler may not
-// reassociate a single float accumulator, but it does vectorize these lanes.
-constexpr int kDotLanes = 8;
-
-inline float dot(const float* a, const float* b, int64_t n) {
-  float partial[kDotLanes] = {};
-  int64_t h = 0;
-  for (; h + kDotLanes <= n; h += kDotLanes) {
-    for (int lane = 0; lane < kDotLanes; ++lane) partial[lane] += a[h + lane] * b[h + lane];
-  }
-  float sum = 0.f;
-  for (; h < n; ++h) sum += a[h] * b[h];
-  for (int lane = 0; lane < kDotLanes; ++lane) sum += partial[lane];
-  return sum;
-}
 
 // kWidth floats as one of GCC's generic vectors: 8 for AVX2, 4 for SSE2
 // and NEON. A vector wider than the target's registers is emulated through
@@ -139,8 +121,7 @@ __attribute__((target("avx2,fma"))) void gemm_avx2(int64_t m, int64_t n, int64_t
 int gemm_lanes() {
 #ifdef JAXCRAFT_GEMM_AVX2
   static const int lanes = [] {
-    const char* portable = std::getenv("JAXCRAFT_CPU_PORTABLE_GEMM");
-    if (portable != nullptr && std::strcmp(portable, "1") == 0) return 4;
+    if (cpu_portable_forced()) return 4;
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 8 : 4;
   }();
   return lanes;
@@ -159,38 +140,18 @@ void gemm(int64_t m, int64_t n, int64_t depth, StridedMatrix a, const float* b, 
 
 JAXCRAFT_CPU_CLONES void dot_rows(const float* x, const float* rows, int64_t n, int64_t c0,
                                   int64_t c1, float scale, float* out) {
-  for (int64_t c = c0; c < c1; ++c) out[c] = scale * dot(x, rows + c * n, n);
+  for (int64_t c = c0; c < c1; ++c) {
+    const float* row = rows + c * n;
+    out[c] = scale * lane_sum<8>(n, [&](int64_t h) { return x[h] * row[h]; });
+  }
 }
 
-constexpr int kLanes = 16;  // partial results of max_of and exp_shift_sum
-
 JAXCRAFT_CPU_CLONES float max_of(const float* __restrict__ v, int64_t n) {
-  float acc[kLanes];
-  for (int l = 0; l < kLanes; ++l) acc[l] = kNegInf;
-  int64_t c = 0;
-  for (; c + kLanes <= n; c += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] = v[c + l] > acc[l] ? v[c + l] : acc[l];
-  for (; c < n; ++c) acc[0] = v[c] > acc[0] ? v[c] : acc[0];
-  float m = kNegInf;
-  for (int l = 0; l < kLanes; ++l) m = acc[l] > m ? acc[l] : m;
-  return m;
+  return lane_max(n, [&](int64_t c) { return v[c]; });
 }
 
 JAXCRAFT_CPU_CLONES float exp_shift_sum(float* __restrict__ v, int64_t n, float shift) {
-  float acc[kLanes] = {};
-  int64_t c = 0;
-  for (; c + kLanes <= n; c += kLanes)
-    for (int l = 0; l < kLanes; ++l) {
-      v[c + l] = exp_keep_nan(v[c + l] - shift);
-      acc[l] += v[c + l];
-    }
-  for (; c < n; ++c) {
-    v[c] = exp_keep_nan(v[c] - shift);
-    acc[0] += v[c];
-  }
-  float s = 0.f;
-  for (int l = 0; l < kLanes; ++l) s += acc[l];
-  return s;
+  return lane_sum(n, [&](int64_t c) { return v[c] = exp_keep_nan(v[c] - shift); });
 }
 
 }  // namespace cpu

@@ -37,10 +37,11 @@ float max_of(const float* v, int64_t n);
 float exp_shift_sum(float* v, int64_t n, float shift);
 
 // out[c] = scale * (x . row c) for the rows c in [c0, c1) of a tile (row c
-// at rows + c * n), each a dot product with 8 lanes of partial sums,
-// compiled for AVX2 + FMA and the baseline (cpu/isa_clones.h): a row of
-// logits, for the few query rows of a decode step (gemm below needs the
-// keys transposed, which costs more there than it saves).
+// at rows + c * n), each a dot product with 8 lanes of partial sums
+// (cpu/lane_reduce.h), compiled for AVX2 + FMA and the baseline
+// (cpu/isa_clones.h): a row of logits, for the few query rows of a decode
+// step (gemm below needs the keys transposed, which costs more there than
+// it saves).
 void dot_rows(const float* x, const float* rows, int64_t n, int64_t c0, int64_t c1, float scale,
               float* out);
 
@@ -62,10 +63,8 @@ struct StridedMatrix {
 void gemm(int64_t m, int64_t n, int64_t depth, StridedMatrix a, const float* b, int64_t ldb,
           float alpha, bool accumulate, float* c, int64_t ldc);
 
-// gemm's vector width on this machine: 8 (AVX2 + FMA) or 4. The environment
-// variable JAXCRAFT_CPU_PORTABLE_GEMM=1, read at the first call, takes 4 on
-// an AVX2 CPU too: the tests run the path of ARM and older x86-64 CPUs that
-// way (tests/test_cpu_portable_gemm.py).
+// gemm's vector width on this machine: 8 (AVX2 + FMA) or 4 (also with
+// JAXCRAFT_CPU_PORTABLE=1, cpu/isa_clones.h).
 int gemm_lanes();
 
 inline void scale_row(float alpha, float* y, int64_t n) {

@@ -13,7 +13,9 @@
 #include "common/host_float.h"
 #include "cpu/blocked.h"
 #include "cpu/isa_clones.h"
+#include "cpu/lane_reduce.h"
 #include "cpu/parallel.h"
+#include "cpu/row_convert.h"
 
 namespace jaxcraft {
 namespace {
@@ -24,26 +26,20 @@ constexpr int64_t kMinElementsPerThread = 1 << 16;
 // rescale (two scalar exps) is noise, short enough to stay in L1 as it is
 // written and summed.
 constexpr int64_t kChunk = 256;
-// Independent partial sums: lets the compiler vectorize the reductions.
-constexpr int kLanes = 16;
 using cpu::exp_keep_nan;
 using cpu::exp_shift_sum;
 using cpu::kNegInf;
+using cpu::lane_sum;
+using cpu::load_row;
 using cpu::max_of;
+using cpu::store_row;
 
 int64_t min_rows_per_thread(int64_t cols) {
   return std::max<int64_t>(1, kMinElementsPerThread / std::max<int64_t>(cols, 1));
 }
 
 JAXCRAFT_CPU_CLONES float dot(const float* __restrict__ a, const float* __restrict__ b, int64_t n) {
-  float acc[kLanes] = {};
-  int64_t c = 0;
-  for (; c + kLanes <= n; c += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] += a[c + l] * b[c + l];
-  for (; c < n; ++c) acc[0] += a[c] * b[c];
-  float s = 0.f;
-  for (int l = 0; l < kLanes; ++l) s += acc[l];
-  return s;
+  return lane_sum(n, [&](int64_t c) { return a[c] * b[c]; });
 }
 
 template <typename T>
@@ -59,10 +55,10 @@ void fwd_rows(const SoftmaxFwdParams& p, int64_t begin, int64_t end) {
     for (int64_t k = 0; k < chunks; ++k) {
       const int64_t c0 = k * kChunk, n = std::min(kChunk, C - c0);
       float* ek = e.data() + c0;
-      for (int64_t c = 0; c < n; ++c) {
-        const float v = to_float(xr[c0 + c]);
-        ek[c] = keep && !keep[c0 + c] ? kNegInf : v;  // masked: exp(-inf - shift) = 0
-      }
+      load_row(xr + c0, n, ek);
+      if (keep)
+        for (int64_t c = 0; c < n; ++c)
+          if (!keep[c0 + c]) ek[c] = kNegInf;  // masked: exp(-inf - shift) = 0
       const float cm = max_of(ek, n);
       // A chunk with nothing kept (or all -inf) adds 0, not exp(-inf - -inf).
       shift[k] = cm == kNegInf ? 0.f : cm;
@@ -83,11 +79,9 @@ void fwd_rows(const SoftmaxFwdParams& p, int64_t begin, int64_t end) {
     for (int64_t k = 0; k < chunks; ++k) {
       const int64_t c0 = k * kChunk, n = std::min(kChunk, C - c0);
       const float f = exp_keep_nan(shift[k] - m) * inv;
-      for (int64_t c = 0; c < n; ++c) {
-        const float out = e[c0 + c] * f;
-        yr[c0 + c] = from_float<T>(keep && !keep[c0 + c] ? 0.f : out);
-      }
+      for (int64_t c = c0; c < c0 + n; ++c) e[c] = keep && !keep[c] ? 0.f : e[c] * f;
     }
+    store_row(e.data(), C, yr);
   }
 }
 
@@ -100,12 +94,11 @@ void bwd_rows(const SoftmaxBwdParams& p, int64_t begin, int64_t end) {
   std::vector<float> yf(C), g(C);
   for (int64_t r = begin; r < end; ++r) {
     const int64_t base = r * C;
-    for (int64_t c = 0; c < C; ++c) {
-      yf[c] = to_float(y[base + c]);
-      g[c] = to_float(dy[base + c]);
-    }
+    load_row(y + base, C, yf.data());
+    load_row(dy + base, C, g.data());
     const float d = dot(yf.data(), g.data(), C);
-    for (int64_t c = 0; c < C; ++c) dx[base + c] = from_float<T>(yf[c] * (g[c] - d));
+    for (int64_t c = 0; c < C; ++c) yf[c] *= g[c] - d;
+    store_row(yf.data(), C, dx + base);
   }
 }
 

@@ -1,0 +1,29 @@
+// Rows of float32, bfloat16 or float16 elements to float32 scratch and back
+// (round to nearest even), each a whole-row loop: the CPU kernels convert
+// their rows through these. float16 runs through the F16C conversion
+// instructions, eight elements at a time, where the CPU has them (the
+// integer selects of common/host_float.h, which need ~10 operations per
+// element, left the float16 norms 1.4-2.8x slower than XLA's; bench/NOTES.md,
+// forty-sixth session), and bfloat16 as AVX2 shifts; the baseline otherwise.
+#pragma once
+#include <cstdint>
+
+#include "common/host_float.h"
+
+namespace jaxcraft {
+namespace cpu {
+
+void load_row(const float* in, int64_t n, float* out);
+void load_row(const bf16_t* in, int64_t n, float* out);
+void load_row(const f16_t* in, int64_t n, float* out);
+
+void store_row(const float* in, int64_t n, float* out);
+void store_row(const float* in, int64_t n, bf16_t* out);
+void store_row(const float* in, int64_t n, f16_t* out);
+
+// Whether float16 rows convert through F16C here: yes on an x86-64 CPU with
+// it, unless JAXCRAFT_CPU_PORTABLE=1 (cpu/isa_clones.h).
+bool f16c_rows();
+
+}  // namespace cpu
+}  // namespace jaxcraft
