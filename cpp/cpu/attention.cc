@@ -32,6 +32,7 @@
 #include "common/host_float.h"
 #include "common/philox.h"
 #include "cpu/blocked.h"
+#include "cpu/row_convert.h"
 
 namespace jaxcraft {
 namespace {
@@ -49,11 +50,7 @@ constexpr int64_t kBlockK = 64;
 
 template <typename Elem>
 void load_rows(const Elem* src, int64_t stride, int64_t rows, int64_t head_dim, float* dst) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const Elem* in = src + r * stride;
-    float* out = dst + r * head_dim;
-    for (int64_t h = 0; h < head_dim; ++h) out[h] = to_float(in[h]);
-  }
+  for (int64_t r = 0; r < rows; ++r) load_row(src + r * stride, head_dim, dst + r * head_dim);
 }
 
 // The same rows transposed: element h of row r to dst[h * ld + r].

@@ -19,6 +19,7 @@
 
 #include "common/host_float.h"
 #include "cpu/blocked.h"
+#include "cpu/row_convert.h"
 
 namespace jaxcraft {
 namespace {
@@ -34,11 +35,6 @@ constexpr int64_t kBlockK = 64;
 // partial write and combine than it saves.
 constexpr int64_t kItemsPerThread = 4;
 constexpr int64_t kMinKeysPerSplit = 256;
-
-template <typename Elem>
-void load_row(const Elem* src, int64_t n, float* dst) {
-  for (int64_t h = 0; h < n; ++h) dst[h] = to_float(src[h]);
-}
 
 // Keys of sequence b seen by query token t, and the keys any token of the
 // sequence sees (the span the splits divide).
