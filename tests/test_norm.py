@@ -176,18 +176,20 @@ def test_empty_rows(platform):
   np.testing.assert_array_equal(g, 0.0)
 
 
+@pytest.mark.parametrize("cols", [256, 7])
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
-def test_residual_sum_keeps_every_value(platform, dtype):
+def test_residual_sum_keeps_every_value(platform, dtype, cols):
   if platform != "cpu":
     pytest.skip("checks the CPU kernels' conversions; CUDA converts in hardware")
   # h = x + 0 in x's dtype, for every finite 16-bit pattern: on the CPU each
-  # goes through the kernels' float conversions (common/host_float.h) one
-  # way and back, float16 subnormals included. Bit for bit as XLA's sum
-  # (which gives +0 for -0, and on the CPU flushes bfloat16's subnormals,
-  # float32 subnormals, to zero).
+  # goes through the kernels' row conversions (cpu/row_convert.h) one way
+  # and back, float16 subnormals included. Bit for bit as XLA's sum (which
+  # gives +0 for -0, and on the CPU flushes bfloat16's subnormals, float32
+  # subnormals, to zero). Rows of 256 elements go through the conversions'
+  # vector loops, rows of 7 through their scalar tails (F16C's loop takes 8).
   x = np.arange(1 << 16, dtype=np.uint16).view(jnp.dtype(dtype))
   x = x[np.isfinite(x.astype(np.float32))]
-  x = jnp.asarray(np.concatenate([x, np.ones(-len(x) % 256, x.dtype)]).reshape(-1, 256))
+  x = jnp.asarray(np.concatenate([x, np.ones(-len(x) % cols, x.dtype)]).reshape(-1, cols))
   zeros = jnp.zeros_like(x)  # an argument, so that XLA cannot fold x + 0 into x
   _, h = jaxcraft.rms_norm(x, residual=zeros, implementation=platform)
   _, expected = jax.jit(lambda x, z: norm_ops.rms_norm_reference(x, residual=z))(x, zeros)
