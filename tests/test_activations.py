@@ -209,7 +209,24 @@ def test_policy_table_is_complete():
   assert set(act_ops.VARIANTS) == names
   for variant in names:
     for platform in ("cpu", "cuda"):
-      assert all(c in ("kernel", "xla") for c in act_ops.DEFAULT_IMPLEMENTATION[(variant, platform)])
+      entry = act_ops.DEFAULT_IMPLEMENTATION[(variant, platform)]
+      by_dtype = entry if isinstance(entry, dict) else {"float32": entry, "bfloat16": entry,
+                                                        "float16": entry}
+      assert set(by_dtype) == {"float32", "bfloat16", "float16"}, (variant, platform)
+      for choice in by_dtype.values():
+        assert len(choice) == 2 and all(c in ("kernel", "xla") for c in choice), (variant, platform)
+
+
+def test_policy_by_dtype(platform, monkeypatch):
+  """An entry keyed by dtype decides by x's dtype, each pass on its own."""
+  choices = {"float32": ("xla", "xla"), "bfloat16": ("kernel", "xla"), "float16": ("xla", "kernel")}
+  monkeypatch.setitem(act_ops.DEFAULT_IMPLEMENTATION, ("swiglu", platform), choices)
+  for name, choice in choices.items():
+    x, _ = _inputs("swiglu", 64, jnp.dtype(name))
+    text = jax.jit(jax.value_and_grad(
+        lambda x: jnp.sum(jaxcraft.swiglu(x).astype(F32)))).lower(x).as_text()
+    for target, want in zip((_ffi.ACTIVATION_FWD, _ffi.ACTIVATION_BWD), choice):
+      assert (target in text) == (want == "kernel"), (name, choice, target)
 
 
 # bias_gelu covers gelu's primitives (and the bias' batching rules); swiglu

@@ -69,15 +69,20 @@ GATED_OPS = ("swiglu", "geglu")
 #         "mlp fwd" 1592 / 1930, 1605 / 1886, 2241 / 2598; "mlp fwd+bwd"
 #         with the kernel backward 3659 / 3922, 3620 / 3943, 6054 / 6317.
 #         XLA's erf is slow here (its forward at 35-47% of copy).
-#   cpu:  XLA everywhere. Measured on a 2-core AVX2 machine, [1024, 4096]
-#         outputs, bf16 (f32 alike): forward kernel / XLA 5.2 / 2.5 ms (gelu),
-#         8.3 / 4.9 (swiglu), 20-37 / 3.7-5 (erf forms: scalar libm erfcf in
-#         the kernel); fwd+bwd XLA 2-10x faster, XLA fwd + kernel bwd still
-#         1.4-2.3x slower than XLA alone. XLA's CPU code is AVX2 + FMA with
-#         its own vectorized tanh/erf approximations, and fuses.
+#   cpu:  XLA, but for the gated tanh forms' 16-bit backward. Measured on a
+#         2-core AVX2 machine: forward XLA (the float32-math reference) 1.3-2.9x
+#         faster than the kernels (erf forms 7-20x: scalar libm erfcf in the
+#         kernel); XLA's CPU code is AVX2 + FMA with its own vectorized
+#         tanh/erf approximations, and fuses. The swiglu and geglu kernel
+#         backward, after XLA's forward, made an MLP block's gradient (x
+#         [1024, 512] @ w1 [512, 4096] -> op -> @ w2 [2048, 512]) 13-15% faster
+#         in bf16 and 1-14% in f16, 3-4% slower in f32, two runs each
+#         (forty-sixth session, bench/results/cpu_activation_policy_46th.txt).
 # Keys: (variant, platform); variant = op, "_erf" appended for approximate=False.
+# Values: (forward, backward), or a dict of them by dtype name.
+_XLA_F32_KERNEL_BWD_16 = {"float32": ("xla", "xla"), "bfloat16": ("xla", "kernel"),
+                          "float16": ("xla", "kernel")}
 DEFAULT_IMPLEMENTATION = {
-    # (variant, platform): (forward, backward)
     ("gelu", "cuda"): ("kernel", "kernel"),
     ("gelu_erf", "cuda"): ("kernel", "kernel"),
     ("bias_gelu", "cuda"): ("kernel", "kernel"),
@@ -89,8 +94,8 @@ DEFAULT_IMPLEMENTATION = {
     ("gelu_erf", "cpu"): ("xla", "xla"),
     ("bias_gelu", "cpu"): ("xla", "xla"),
     ("bias_gelu_erf", "cpu"): ("xla", "xla"),
-    ("swiglu", "cpu"): ("xla", "xla"),
-    ("geglu", "cpu"): ("xla", "xla"),
+    ("swiglu", "cpu"): _XLA_F32_KERNEL_BWD_16,
+    ("geglu", "cpu"): _XLA_F32_KERNEL_BWD_16,
     ("geglu_erf", "cpu"): ("xla", "xla"),
 }
 VARIANTS = tuple(dict.fromkeys(v for v, _ in DEFAULT_IMPLEMENTATION))
@@ -102,11 +107,14 @@ def variant_name(op: str, activation: int) -> str:
   return op + ("_erf" if activation == GELU_ERF else "")
 
 
-def default_implementation(variant: str, platform: str, pass_: str = "fwd") -> str:
+def default_implementation(variant: str, platform: str, pass_: str = "fwd",
+                           dtype=jnp.float32) -> str:
   """"kernel" or "xla": what `implementation=None` runs for the forward or
   backward pass (`pass_`) of an op variant (see DEFAULT_IMPLEMENTATION) on
-  `platform`."""
+  `platform`, for x of `dtype`."""
   choice = DEFAULT_IMPLEMENTATION.get((variant, platform), ("xla", "xla"))
+  if isinstance(choice, dict):
+    choice = choice[jnp.dtype(dtype).name]
   return choice[PASSES.index(pass_)]
 
 
@@ -177,8 +185,10 @@ def _policy(pass_, platform, avals_in, *, op, activation, implementation, **_):
   """The policy table's choice, under implementation=None only (a forced
   kernel always runs)."""
   variant = variant_name(op, activation)
-  if implementation is None and default_implementation(variant, platform, pass_) == "xla":
-    return f"the implementation=None policy runs XLA for {variant} {pass_} on {platform}"
+  dtype = avals_in[0].dtype  # x's (the forward's x, the backward's dy)
+  if implementation is None and default_implementation(variant, platform, pass_, dtype) == "xla":
+    return (f"the implementation=None policy runs XLA for {variant} {pass_} on {platform} "
+            f"({jnp.dtype(dtype).name})")
   return None
 
 
