@@ -70,14 +70,15 @@ GATED_OPS = ("swiglu", "geglu")
 #         with the kernel backward 3659 / 3922, 3620 / 3943, 6054 / 6317.
 #         XLA's erf is slow here (its forward at 35-47% of copy).
 #   cpu:  XLA, but for the gated tanh forms' 16-bit backward. Measured on a
-#         2-core AVX2 machine: forward XLA (the float32-math reference) 1.3-2.9x
-#         faster than the kernels (erf forms 7-20x: scalar libm erfcf in the
-#         kernel); XLA's CPU code is AVX2 + FMA with its own vectorized
-#         tanh/erf approximations, and fuses. The swiglu and geglu kernel
-#         backward, after XLA's forward, made an MLP block's gradient (x
-#         [1024, 512] @ w1 [512, 4096] -> op -> @ w2 [2048, 512]) 13-15% faster
-#         in bf16 and 1-14% in f16, 3-4% slower in f32, two runs each
-#         (forty-sixth session, bench/results/cpu_activation_policy_46th.txt).
+#         2-core AVX2 machine: the forward of XLA (the float32-math reference)
+#         faster than the kernels' on most cells (tanh forms up to 3.5x, erf
+#         forms 7-20x: scalar libm erfcf in the kernel); XLA's CPU code is
+#         AVX2 + FMA with its own vectorized tanh/erf approximations, and
+#         fuses. The swiglu and geglu kernel backward, after XLA's forward,
+#         made an MLP block's gradient (x [1024, 512] @ w1 [512, 4096] -> op
+#         -> @ w2 [2048, 512]) 13-15% faster in bf16 and 1-14% in f16, 3-4%
+#         slower in f32, two runs each (forty-sixth session,
+#         bench/results/cpu_activation_policy_46th.txt).
 # Keys: (variant, platform); variant = op, "_erf" appended for approximate=False.
 # Values: (forward, backward), or a dict of them by dtype name.
 _XLA_F32_KERNEL_BWD_16 = {"float32": ("xla", "xla"), "bfloat16": ("xla", "kernel"),
