@@ -27,13 +27,14 @@ _TESTS = [
     f"{_HERE}/test_softmax.py::test_gradients",
     f"{_HERE}/test_activations.py::test_forward_parity",
     f"{_HERE}/test_activations.py::test_gradients",
+    f"{_HERE}/test_embedding.py::test_gradients",
     f"{_HERE}/test_cpu_portable.py::test_paths_in_subprocess",
 ]
 # The float32 cases of the products' tests, the float16 ones of the row
 # kernels' (ids name the dtype where a test has several; "cpu" also matches
 # this file's name).
 _SELECT = ("cpu and ((attention or decode) and not bfloat16 and not float16"
-           " or (norm or softmax or activations) and float16 and not bfloat16"
+           " or (norm or softmax or activations or embedding) and float16 and not bfloat16"
            " or paths_in_subprocess)")
 
 

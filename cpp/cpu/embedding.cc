@@ -11,6 +11,7 @@
 
 #include "common/host_float.h"
 #include "cpu/parallel.h"
+#include "cpu/row_convert.h"
 
 namespace jaxcraft {
 namespace {
@@ -58,7 +59,7 @@ void bwd_rows(const EmbeddingBwdParams& p, const int32_t* starts, const int32_t*
       const T* src = dout + int64_t(order[k]) * D;
       for (int64_t c = 0; c < D; ++c) acc[c] += to_float(src[c]);
     }
-    for (int64_t c = 0; c < D; ++c) dst[c] = from_float<T>(acc[c]);
+    cpu::store_row(acc.data(), D, dst);
   }
 }
 
