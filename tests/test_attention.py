@@ -69,6 +69,23 @@ def test_shapes_and_causal(platform, dtype, bts, causal):
   _check(platform, q, k, v, **kw)
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("ts", [(250, 300), (256, 256), (450, 512), (512, 512), (512, 513)])
+@pytest.mark.parametrize("mode", ["full", "top_left", "bottom_right", "lengths"])
+def test_head_dim_64_query_tiles(platform, dtype, ts, mode):
+  # The Hopper forward at head dim 64 runs 256-query tiles where they leave
+  # fewer rows idle than its 192-query tiles (T in (192, 256] and (384,
+  # 512], S <= 512) and the 192-query tiles elsewhere (S 513).
+  T, S = ts
+  q, k, v = _qkv(2, T, S, 4, 2, 64, dtype, seed=T + S)
+  kw = dict(is_causal=mode != "full",
+            causal_alignment="bottom_right" if mode == "bottom_right" else "top_left")
+  if mode == "lengths":
+    kw.update(query_seq_lengths=jnp.array([T - 61, 5], jnp.int32),
+              key_value_seq_lengths=jnp.array([S, S - 200], jnp.int32))
+  _check(platform, q, k, v, grads=mode == "lengths", **kw)
+
+
 @pytest.mark.parametrize("head_dim", [32, 64, 80, 96, 128, 256])
 @pytest.mark.parametrize("heads", [(4, 4), (8, 2), (8, 1)])
 def test_head_dims_and_gqa(platform, head_dim, heads):

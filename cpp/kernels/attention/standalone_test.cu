@@ -567,10 +567,12 @@ std::vector<Case> cases() {
                                                       : std::vector<int>{128, 64, 32, 256, 192};
     for (int H : heads) {
       // 256 x 384: query rows a multiple of 64 but not of head dim 64's
-      // 192-row tiles (the last tile's third warpgroup has no rows).
-      std::vector<std::pair<int, int>> lens = {{1, 1}, {7, 7}, {64, 64}, {129, 129}, {1000, 1000},
-                                               {129, 1000}, {1000, 129}, {7, 129}, {256, 384}};
-      if (dt == DType::kF16) lens = {{7, 7}, {129, 129}, {300, 200}};
+      // 192-row tiles (the last tile's third warpgroup has no rows). 250 x
+      // 300, 450 x 512: head dim 64's 256-row short tiles.
+      std::vector<std::pair<int, int>> lens = {{1, 1},      {7, 7},      {64, 64},  {129, 129},
+                                               {1000, 1000}, {129, 1000}, {1000, 129}, {7, 129},
+                                               {256, 384},   {250, 300},  {450, 512}};
+      if (dt == DType::kF16) lens = {{7, 7}, {129, 129}, {300, 200}, {250, 300}};
       for (const auto& ts : lens) {
         const int T = ts.first, S = ts.second;
         auto add = [&](const char* what, bool causal, long long off, long long wl, long long wr,

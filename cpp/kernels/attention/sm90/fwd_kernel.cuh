@@ -140,10 +140,11 @@ struct FwdConfig {
   // setmaxnreg: the producer only issues copies (with two consumers 40: its
   // work-item loop spilled at 24 in the feature instances; with three the
   // consumers keep their 160, and the producer's 32 leave the mask instance
-  // a 44-byte spill); the consumers hold S, O and P fragments. Totals stay
-  // within the SM's 64K registers.
-  static constexpr int kProducerRegs = kConsumers == 2 ? 40 : 32;
-  static constexpr int kConsumerRegs = kConsumers == 2 ? 232 : 160;
+  // a 44-byte spill; with four, 640 threads launch at 96 each, and the
+  // producer's 24 leave the consumers 112); the consumers hold S, O and P
+  // fragments. Totals stay within the SM's 64K registers.
+  static constexpr int kProducerRegs = kConsumers == 2 ? 40 : kConsumers == 3 ? 32 : 24;
+  static constexpr int kConsumerRegs = kConsumers == 2 ? 232 : kConsumers == 3 ? 160 : 112;
   static_assert(kHeadDim % kSwizzleCols == 0, "head dim is whole 64-column blocks");
   static_assert(kSmemBytes <= 227 * 1024, "fits the sm_90 shared-memory opt-in");
   static_assert(kFeatSmemBytes <= 227 * 1024, "fits the sm_90 shared-memory opt-in");
@@ -180,6 +181,20 @@ template <>
 struct FwdTiles<128> { using type = FwdConfig<128, 2, 128, 3, true, true, 1, 4096, true, false, true>; };
 template <>
 struct FwdTiles<256> { using type = FwdConfig<256, 2, 64, 2, true, true, 1, 2048, true, true>; };
+// Head dim 64's plain instance on short rows: four consumer warpgroups (256
+// query rows) over 64-key tiles (at 112 registers, 128-key score tiles spill
+// 860 bytes). S512 full 2.4% and causal 2.8% faster than FwdTiles<64>
+// kernel alone, where 192-row tiles compute 576 rows for 512; from S1024 on
+// twice the key tiles' softmax and barrier steps lose 1-14% (H200,
+// bench/NOTES.md). Two-warpgroup 128-row tiles lost 14-22% at S512.
+template <int kHeadDim>
+struct FwdShortTiles {
+  using type = void;
+};
+template <>
+struct FwdShortTiles<64> {
+  using type = FwdConfig<64, 4, 64, 6, false, true, 2, 4096, false, false, false, true>;
+};
 // (Head dim 64 under a causal mask up to 2048 queries took 128-query tiles
 // and the overlapped loop until each warpgroup skipped the tiles past its
 // rows' last key; since then the 192-query tiles are 5-8% faster there.)
@@ -1112,11 +1127,24 @@ cudaError_t launch_fwd_sm90(const FwdArgs& a, cudaStream_t stream,
   return cudaGetLastError();
 }
 
+// FwdShortTiles apply up to 512 queries and keys where their query tiles
+// leave fewer rows idle than FwdTiles' (T in (192, 256] and (384, 512] at
+// head dim 64).
+template <class Short, class Cfg>
+bool short_tiles_pay(const ShapeArgs& s) {
+  const auto rows = [&](int64_t tile) { return (s.seqlen_q + tile - 1) / tile * tile; };
+  return s.seqlen_q <= 512 && s.seqlen_k <= 512 && rows(Short::kBlockM) < rows(Cfg::kBlockM);
+}
+
 template <DType kDt, int kHeadDim>
 cudaError_t run_fwd_sm90(const FwdArgs& a, cudaStream_t stream) {
   using Cfg = typename FwdTiles<kHeadDim>::type;
+  using Short = typename FwdShortTiles<kHeadDim>::type;
   switch (feature_level(a.mask, a.scores)) {
-    case kPlain: return launch_fwd_sm90<kDt, Cfg, kPlain>(a, stream);
+    case kPlain:
+      if constexpr (!std::is_void_v<Short>)
+        if (short_tiles_pay<Short, Cfg>(a.shape)) return launch_fwd_sm90<kDt, Short, kPlain>(a, stream);
+      return launch_fwd_sm90<kDt, Cfg, kPlain>(a, stream);
     case kMasks: return launch_fwd_sm90<kDt, Cfg, kMasks>(a, stream);
     case kDropout:
       return launch_fwd_sm90<kDt, typename FwdDropoutTiles<kHeadDim>::type, kDropout>(a, stream);
