@@ -77,11 +77,21 @@ namespace sm90 {
 // causal diagonal when kBN is twice the warpgroup's 64 rows (head dim 64:
 // S512 causal 3-5% faster, S1024 causal 2-3.5%, full rows up to 2.6% slower,
 // bench/NOTES.md).
+// kBalancedPairs: causal launches run pairs (query tile r, then tile
+// m - 1 - r of the same head; a fixed stride, not the tile counter), and in
+// the upper tile the warpgroups take their rows in reverse order. On a
+// causal diagonal a tile's later warpgroups see more key tiles than its
+// first; reversed in one tile of the pair, every warpgroup sees the same
+// number over the pair, and the ring, which moves at its slowest
+// warpgroup's pace, idles none (head dim 64 at S512 causal: 9 key tiles
+// each, where a tile cost its slowest warpgroup's 4 and 8; 7% faster kernel
+// alone, bench/NOTES.md).
 template <int kHeadDim_, int kConsumers_, int kBlockN_, int kStages_, bool kOverlap_ = false,
           bool kPersistent_ = false, int kQBufs_ = 1, int kCausalPersistRows_ = 0,
           bool kOInStage_ = false, bool kSplitKV_ = false, bool kStagger_ = false,
-          bool kSumByMma_ = false, bool kHalfTiles_ = false>
+          bool kSumByMma_ = false, bool kHalfTiles_ = false, bool kBalancedPairs_ = false>
 struct FwdConfig {
+  static constexpr bool kBalancedPairs = kBalancedPairs_;
   static constexpr bool kSumByMma = kSumByMma_;
   static constexpr bool kHalfTiles = kHalfTiles_;
   static constexpr bool kStagger = kStagger_;
@@ -184,16 +194,17 @@ struct FwdTiles<256> { using type = FwdConfig<256, 2, 64, 2, true, true, 1, 2048
 // Head dim 64's plain instance on short rows: four consumer warpgroups (256
 // query rows) over 64-key tiles (at 112 registers, 128-key score tiles spill
 // 860 bytes). S512 full 2.4% and causal 2.8% faster than FwdTiles<64>
-// kernel alone, where 192-row tiles compute 576 rows for 512; from S1024 on
-// twice the key tiles' softmax and barrier steps lose 1-14% (H200,
-// bench/NOTES.md). Two-warpgroup 128-row tiles lost 14-22% at S512.
+// kernel alone, where 192-row tiles compute 576 rows for 512 (causal 9%
+// with the balanced pairs); from S1024 on twice the key tiles' softmax and
+// barrier steps lose 1-14% (H200, bench/NOTES.md). Two-warpgroup 128-row
+// tiles lost 14-22% at S512.
 template <int kHeadDim>
 struct FwdShortTiles {
   using type = void;
 };
 template <>
 struct FwdShortTiles<64> {
-  using type = FwdConfig<64, 4, 64, 6, false, true, 2, 4096, false, false, false, true>;
+  using type = FwdConfig<64, 4, 64, 6, false, true, 2, 4096, false, false, false, true, false, true>;
 };
 // (Head dim 64 under a causal mask up to 2048 queries took 128-query tiles
 // and the overlapped loop until each warpgroup skipped the tiles past its
@@ -557,8 +568,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int c = wg - 1;  // consumer index: query rows [64 c, 64 c + 64) of the tile
   const int ct = tid % kWarpgroupThreads, lane = tid % kWarpSize, w = ct / kWarpSize;
   const int g = lane / 4, t = lane % 4;
-  const int wg_row0 = c * kWgmmaM;            // first tile row of this warpgroup
-  const int thread_row0 = wg_row0 + w * 16 + g;  // this thread's rows: + 0 and + 8
 
   // With O in the stage (plain instance), thread 0 of the warpgroup does not
   // wait for its O store to read the stage: it releases the stage for all
@@ -588,6 +597,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int row_first = wk.row_first;
     const int t_begin = wk.t_begin, t_end = wk.t_end;
     const SeqLens lens = wk.lens;
+    // kBalancedPairs: a causal pair's upper tile takes the rows in reverse.
+    const bool reversed = Cfg::kBalancedPairs && p.paired && 2 * wk.rank + 1 < p.m_blocks;
+    const int wg_row0 = (reversed ? Cfg::kConsumers - 1 - c : c) * kWgmmaM;  // first tile row
+    const int thread_row0 = wg_row0 + w * 16 + g;  // this thread's rows: + 0 and + 8
     float o[1][kOTiles][4];
     float row_max[1][2] = {{-INFINITY, -INFINITY}}, row_sum[1][2] = {{0.f, 0.f}};
 #pragma unroll
@@ -1091,7 +1104,9 @@ cudaError_t launch_fwd_sm90(const FwdArgs& a, cudaStream_t stream,
   const bool persistent =
       Cfg::kPersistent && (!a.mask.causal || s.seqlen_q <= Cfg::kCausalPersistRows);
   p.m_blocks = (s.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
-  p.tile_counter = persistent && Cfg::kTileCounter ? a.tile_counter : nullptr;
+  // kBalancedPairs: causal launches take the pairs (in a fixed stride).
+  const bool pairs = a.mask.causal && Cfg::kBalancedPairs;
+  p.tile_counter = persistent && Cfg::kTileCounter && !pairs ? a.tile_counter : nullptr;
   // Whole warpgroups' rows (a TMA store at a negative row is an illegal
   // instruction; loads there read zeros): the last tile may still end past
   // the last row by less than 64.
