@@ -63,11 +63,6 @@ void load_rows_transposed(const Elem* src, int64_t stride, int64_t rows, int64_t
   }
 }
 
-template <typename Elem>
-void store_row(const float* src, float multiplier, int64_t head_dim, Elem* dst) {
-  for (int64_t h = 0; h < head_dim; ++h) dst[h] = from_float<Elem>(src[h] * multiplier);
-}
-
 // Element strides of the contiguous layouts in params.h.
 struct Layout {
   int64_t B, T, S, N, K, H;
@@ -387,7 +382,7 @@ class ForwardWorker {
     for (int64_t r = 0; r < rows; ++r) {
       const bool has_keys = row_sum_[r] > 0.f;
       const float inv_sum = has_keys ? 1.f / row_sum_[r] : 0.f;
-      store_row(&acc_[r * l_.H], inv_sum, l_.H, o + l_.q_index(b, i0 + r, n));
+      store_scaled_row(&acc_[r * l_.H], inv_sum, l_.H, o + l_.q_index(b, i0 + r, n));
       if (p_.lse != nullptr) {
         p_.lse[l_.lse_index(b, n, i0 + r)] =
             has_keys ? row_max_[r] + std::log(row_sum_[r]) : kNegInf;
@@ -602,8 +597,8 @@ class DkDvWorker {
     Elem* dk = static_cast<Elem*>(in_.p.dk);
     Elem* dv = static_cast<Elem*>(in_.p.dv);
     for (int64_t c = 0; c < cols; ++c) {
-      store_row(&dk_[c * l_.H], in_.p.scale, l_.H, dk + l_.k_index(b, j0 + c, kv_head));
-      store_row(&dv_[c * l_.H], 1.f, l_.H, dv + l_.k_index(b, j0 + c, kv_head));
+      store_scaled_row(&dk_[c * l_.H], in_.p.scale, l_.H, dk + l_.k_index(b, j0 + c, kv_head));
+      store_scaled_row(&dv_[c * l_.H], 1.f, l_.H, dv + l_.k_index(b, j0 + c, kv_head));
     }
   }
 
@@ -684,7 +679,7 @@ class DqWorker {
 
     Elem* dq = static_cast<Elem*>(in_.p.dq);
     for (int64_t r = 0; r < rows; ++r) {
-      store_row(&dq_[r * l_.H], in_.p.scale, l_.H, dq + l_.q_index(b, i0 + r, n));
+      store_scaled_row(&dq_[r * l_.H], in_.p.scale, l_.H, dq + l_.q_index(b, i0 + r, n));
     }
   }
 
@@ -804,10 +799,8 @@ void backward(const AttentionBwdParams& p, const TaskRunner* runner) {
     const double work = readers * std::min(kBlockQ, l.T) * std::min(kBlockK, l.S) * l.H * 4;
     for_each_item(runner, tiles.count(), work, [&] { return DbiasWorker<Elem>(in, tiles); });
   }
-  if (!dbias_scratch.empty()) {
-    Elem* out = static_cast<Elem*>(p.dbias);
-    for (int64_t i = 0; i < dbias_elems; ++i) out[i] = from_float<Elem>(dbias_scratch[i]);
-  }
+  if (!dbias_scratch.empty())
+    store_row(dbias_scratch.data(), dbias_elems, static_cast<Elem*>(p.dbias));
 }
 
 bool is_empty(const AttentionShape& s) {

@@ -163,13 +163,13 @@ class SplitWorker {
       const float* acc = &acc_[r * H_];
       if (splits_ == 1) {
         Elem* o = static_cast<Elem*>(p_.o) + ((b * p_.seqlen_q + t) * p_.num_heads + n) * H_;
-        for (int64_t h = 0; h < H_; ++h) o[h] = from_float<Elem>(acc[h] * inv_sum);
+        store_scaled_row(acc, inv_sum, H_, o);
         continue;
       }
       const int64_t row = partials_.row(split, b, t, n);
       partials_.lse[row] = has_keys ? row_max_[r] + std::log(row_sum_[r]) : kNegInf;
       float* o = partials_.o + row * H_;
-      for (int64_t h = 0; h < H_; ++h) o[h] = acc[h] * inv_sum;
+      store_scaled_row(acc, inv_sum, H_, o);
     }
   }
 
@@ -206,7 +206,7 @@ void combine(const DecodeParams& p, int64_t splits, const Partials& partials,
       }
       const float inv = total > 0.f ? 1.f / total : 0.f;
       Elem* out = static_cast<Elem*>(p.o) + row * H;
-      for (int64_t h = 0; h < H; ++h) out[h] = from_float<Elem>(acc[h] * inv);
+      store_scaled_row(acc.data(), inv, H, out);
     };
   });
 }

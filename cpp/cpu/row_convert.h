@@ -21,6 +21,19 @@ void store_row(const float* in, int64_t n, float* out);
 void store_row(const float* in, int64_t n, bf16_t* out);
 void store_row(const float* in, int64_t n, f16_t* out);
 
+// out = in * multiplier (an accumulator's normalization or scale), through
+// store_row a stack chunk at a time: `in` is left as it was.
+template <typename Out>
+void store_scaled_row(const float* in, float multiplier, int64_t n, Out* out) {
+  constexpr int64_t kChunk = 256;
+  float chunk[kChunk];
+  for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
+    const int64_t m = n - i0 < kChunk ? n - i0 : kChunk;
+    for (int64_t i = 0; i < m; ++i) chunk[i] = in[i0 + i] * multiplier;
+    store_row(chunk, m, out + i0);
+  }
+}
+
 // Whether float16 rows convert through F16C here: yes on an x86-64 CPU with
 // it, unless JAXCRAFT_CPU_PORTABLE=1 (cpu/isa_clones.h).
 bool f16c_rows();
