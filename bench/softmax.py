@@ -42,7 +42,8 @@ def _impls(x):
   XLA's own ops are timed in a loop, or consecutive steps would fuse)."""
   k = _kernel_platform()
   row_bytes = x.shape[-1] * x.dtype.itemsize
-  policy = [softmax_ops.default_implementation(k, p, row_bytes) == "kernel" for p in ("fwd", "bwd")]
+  policy = [softmax_ops.default_implementation(k, p, row_bytes, dtype=x.dtype) == "kernel"
+            for p in ("fwd", "bwd")]
   return {"jaxcraft": (lambda x: jaxcraft.softmax(x, implementation=k), True, True),
           "default": (jaxcraft.softmax, *policy),
           "jax.nn": (jax.nn.softmax, False, False)}

@@ -182,6 +182,18 @@ def test_policy_decides_implementation_none(platform, monkeypatch):
     np.testing.assert_allclose(jaxcraft.softmax(x), jax.nn.softmax(x), rtol=2e-6, atol=1e-7)
 
 
+def test_policy_by_dtype(platform, monkeypatch):
+  """An entry keyed by dtype decides by x's dtype, each pass on its own."""
+  choices = {"float32": ("xla", "xla"), "bfloat16": ("kernel", "xla"), "float16": ("xla", "kernel")}
+  monkeypatch.setitem(softmax_ops.DEFAULT_IMPLEMENTATION, platform, choices)
+  for name, choice in choices.items():
+    x = random(jax.random.key(10), (4, 64), jnp.dtype(name))
+    text = jax.jit(jax.value_and_grad(
+        lambda x: jnp.sum(jaxcraft.softmax(x).astype(F32) ** 2))).lower(x).as_text()
+    for target, want in zip((_ffi.SOFTMAX_FWD, _ffi.SOFTMAX_BWD), choice):
+      assert (target in text) == (want == "kernel"), (name, choice, target)
+
+
 def test_policy_row_width_limits(monkeypatch):
   monkeypatch.setitem(softmax_ops.DEFAULT_IMPLEMENTATION, "cuda", ("kernel", "kernel", 524288, 262144))
   pick = softmax_ops.default_implementation

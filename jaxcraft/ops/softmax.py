@@ -53,17 +53,24 @@ NO_MASK, SHARED_MASK, FULL_MASK = "none", "shared", "full"
 #         fwd+bwd is then 1-16% faster past 64 KiB rows ([4k, 128k] bf16
 #         1850 vs the policy's 2001), a program no model runs (y feeds the
 #         next layer).
-#   cpu:  XLA. Measured on a 2-core AVX2 machine shared with other jobs
-#         (kernel / XLA, ms): [1024, 4096] fwd 6.2 / 2.7 (f32), 7.5 / 4.1
-#         (bf16); fwd+bwd 7.7 / 3.6 (f32), 10.8 / 8.5 (bf16); [64, 50257]
-#         fwd 3.5 / 2.0 (f32), 3.9 / 2.6 (bf16). The backward kernel alone
-#         wins in bf16 (fwd+bwd 6.2 / 10.1 ms at [64, 50257]) but loses in
-#         f32; XLA's forward (AVX2 exp, fused) wins everywhere.
+#   cpu:  XLA in float32 and bfloat16, the kernels in float16. Measured on
+#         a 2-core AVX2 machine (kernel / XLA, ms): [1024, 4096] fwd 6.2 /
+#         2.7 (f32), 7.5 / 4.1 (bf16); fwd+bwd 7.7 / 3.6 (f32), 10.8 / 8.5
+#         (bf16); [64, 50257] fwd 3.5 / 2.0 (f32), 3.9 / 2.6 (bf16): XLA's
+#         forward (AVX2 exp, fused) wins, and the kernel backward after it
+#         won or lost by shape. In float16, once the kernels converted rows
+#         through F16C (forty-seventh session, two runs, ms, kernel / XLA):
+#         forward 3.1 / 5.1, 2.5 / 4.2-9.4, 3.0-3.1 / 5.0-5.2 at [1024,
+#         4096], [64, 50257], [8192, 512]; value_and_grad of sum(y * w)
+#         6.7-9.5 / 16.9-17.5, 4.4-4.5 / 6.8, 6.5 / 16.5-17.4
+#         (bench/results/cpu_softmax_policy_47th.txt).
 DEFAULT_IMPLEMENTATION = {
     # platform: (forward, backward[, the widest row in bytes the forward
-    # kernel is chosen for, the widest the backward kernel is])
+    # kernel is chosen for, the widest the backward kernel is]), or a dict
+    # of them by dtype name.
     "cuda": ("kernel", "kernel", 512 * 1024, 512 * 1024),
-    "cpu": ("xla", "xla"),
+    "cpu": {"float32": ("xla", "xla"), "bfloat16": ("xla", "xla"),
+            "float16": ("kernel", "kernel")},
 }
 PASSES = ("fwd", "bwd")
 
@@ -87,12 +94,14 @@ def _local_gpu_has_clusters() -> bool:
 
 
 def default_implementation(platform: str, pass_: str = "fwd", row_bytes: int | None = None,
-                           clusters: bool | None = None) -> str:
+                           clusters: bool | None = None, dtype=jnp.float32) -> str:
   """"kernel" or "xla": what `implementation=None` runs for the forward or
-  backward pass (`pass_`) on `platform` for rows of `row_bytes` bytes (see
-  DEFAULT_IMPLEMENTATION). `clusters`: whether the GPU has thread-block
-  clusters (None: ask this process's GPU)."""
+  backward pass (`pass_`) on `platform` for rows of `row_bytes` bytes of
+  `dtype` (see DEFAULT_IMPLEMENTATION). `clusters`: whether the GPU has
+  thread-block clusters (None: ask this process's GPU)."""
   choice = DEFAULT_IMPLEMENTATION.get(platform, ("xla", "xla"))
+  if isinstance(choice, dict):
+    choice = choice[jnp.dtype(dtype).name]
   index = PASSES.index(pass_)
   if row_bytes is not None and len(choice) > 2:
     if clusters is None:
@@ -121,7 +130,8 @@ def _policy(pass_, platform, avals_in, *, implementation):
   kernel always runs)."""
   x = avals_in[0]  # [rows, cols] here
   row_bytes = x.shape[1] * x.dtype.itemsize
-  if implementation is None and default_implementation(platform, pass_, row_bytes) == "xla":
+  if (implementation is None
+      and default_implementation(platform, pass_, row_bytes, dtype=x.dtype) == "xla"):
     return f"the implementation=None policy runs XLA for softmax {pass_} on {platform}"
   return None
 
