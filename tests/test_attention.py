@@ -75,7 +75,8 @@ def test_shapes_and_causal(platform, dtype, bts, causal):
 def test_head_dim_64_query_tiles(platform, dtype, ts, mode):
   # The Hopper forward at head dim 64 runs 256-query tiles where they leave
   # fewer rows idle than its 192-query tiles (T in (192, 256] and (384,
-  # 512], S <= 512) and the 192-query tiles elsewhere (S 513).
+  # 512], S <= 512; causal: a head's two tiles as one pair, the upper one's
+  # warpgroups on reversed rows) and the 192-query tiles elsewhere (S 513).
   T, S = ts
   q, k, v = _qkv(2, T, S, 4, 2, 64, dtype, seed=T + S)
   kw = dict(is_causal=mode != "full",

@@ -565,7 +565,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
 
   setmaxnreg_inc<Cfg::kConsumerRegs>();
-  const int c = wg - 1;  // consumer index: query rows [64 c, 64 c + 64) of the tile
+  const int c = wg - 1;  // consumer index: query rows [64 c, 64 c + 64) of the tile (see wg_row0)
   const int ct = tid % kWarpgroupThreads, lane = tid % kWarpSize, w = ct / kWarpSize;
   const int g = lane / 4, t = lane % 4;
 
@@ -1158,7 +1158,8 @@ cudaError_t run_fwd_sm90(const FwdArgs& a, cudaStream_t stream) {
   switch (feature_level(a.mask, a.scores)) {
     case kPlain:
       if constexpr (!std::is_void_v<Short>)
-        if (short_tiles_pay<Short, Cfg>(a.shape)) return launch_fwd_sm90<kDt, Short, kPlain>(a, stream);
+        if (short_tiles_pay<Short, Cfg>(a.shape))
+          return launch_fwd_sm90<kDt, Short, kPlain>(a, stream);
       return launch_fwd_sm90<kDt, Cfg, kPlain>(a, stream);
     case kMasks: return launch_fwd_sm90<kDt, Cfg, kMasks>(a, stream);
     case kDropout:
