@@ -565,7 +565,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
 
   setmaxnreg_inc<Cfg::kConsumerRegs>();
-  const int c = wg - 1;  // consumer index: query rows [64 c, 64 c + 64) of the tile (see wg_row0)
+  const int c = wg - 1;  // consumer index (its query rows: wg_row0 below)
   const int ct = tid % kWarpgroupThreads, lane = tid % kWarpSize, w = ct / kWarpSize;
   const int g = lane / 4, t = lane % 4;
 
