@@ -1,9 +1,8 @@
 // gelu / bias_gelu / swiglu / geglu on the CPU: per row, convert to float32
 // scratch, apply the activation in a branch-free loop over floats (which the
 // compiler vectorizes: kernels/activations/activation_math.h has a
-// vectorizable exp; the erf form's erfcf stays a scalar libm call), convert
-// back. Threaded over rows; the bias gradient as per-partial float32 sums in
-// row order.
+// vectorizable exp and erfc polynomial), convert back. Threaded over rows;
+// the bias gradient as per-partial float32 sums in row order.
 #include "cpu/activations.h"
 
 #include <algorithm>

@@ -20,13 +20,14 @@
 // polynomials, exact division for the reciprocal): erfc within 3.1e-7
 // relative with the corrections (the earlier form 3.9e-7), 6.7e-6 without
 // (7.3e-6). h > 0: Phi(h) = 1 - Phi(-h).
-// Past kMaxArg Phi(-|h|) and exp(-h^2 / 2) are below float32's range (the
+// Past kNormalCdfMaxArg Phi(-|h|) and exp(-h^2 / 2) are below float32's range (the
 // ftz exp2 gives 0); for float32 outputs the clamp also keeps h^2 finite
 // (its corrections) and maps NaN to it (the callers multiply by h, which
 // carries the NaN).
 #pragma once
 
 #include "common/fast_math.cuh"
+#include "kernels/activations/normal_cdf_poly.h"
 
 #ifdef __CUDACC__
 namespace jaxcraft {
@@ -51,33 +52,23 @@ __device__ __forceinline__ float corrected_gauss(float a) {
 // coarser): exp(-h^2 / 2) without the corrections and P of degree 6. |h| is
 // scaled by sqrt(log2(e) / 2) first (b), so that exp(-h^2 / 2) = 2^(-b^2)
 // (two multiplies and two roundings, as h^2 times log2(e) / 2), and there
-// is no clamp: past kMaxArg 2^(-b^2) flushes to 0 (b^2 = inf included) and
-// u is 0 at |h| = inf, so Phi is exactly 0 or 1, as the clamped argument's
+// is no clamp: past kNormalCdfMaxArg 2^(-b^2) flushes to 0 (b^2 = inf
+// included) and u is 0 at |h| = inf, so Phi is exactly 0 or 1, as the clamped argument's
 // Phi rounded in 16 bits, and a NaN stays NaN. The clamp's FMNMX was one
 // instruction of ~25 per element (SASS of the bf16 erf forward: 840 -> 808
 // per 32 elements), and the H200's 16-bit erf forward is issue-bound.
 template <bool kExpCorrected = true>
 __device__ __forceinline__ float device_normal_cdf(float h, float& gauss) {
-  constexpr float kMaxArg = 14.28f;       // 10.1 sqrt 2
-  constexpr float kUScale = 0.35355339f;  // 1 / (2 sqrt 2): u = 1 / (1 + kUScale |h|)
   float u, p;
   if constexpr (kExpCorrected) {
-    const float a = fminf(fabsf(h), kMaxArg);
-    u = fast_rcp(fmaf(kUScale, a, 1.f));
-    p = -2.954881638e-02f;
-    p = fmaf(p, u, 1.423576176e-01f);
-    p = fmaf(p, u, -2.437456101e-01f);
-    p = fmaf(p, u, 1.392007470e-01f);
-    p = fmaf(p, u, -1.342840213e-02f);
-    p = fmaf(p, u, 1.013925225e-01f);
-    p = fmaf(p, u, 1.215394214e-01f);
-    p = fmaf(p, u, 1.411893815e-01f);
-    p = fmaf(p, u, 1.410431117e-01f);
+    const float a = fminf(fabsf(h), kNormalCdfMaxArg);
+    u = fast_rcp(fmaf(kNormalCdfUScale, a, 1.f));
+    p = normal_cdf_poly8(u);
     gauss = corrected_gauss(a);
   } else {
     constexpr float kScale = 0.84932180f;  // sqrt(log2(e) / 2)
     const float b = fabsf(h) * kScale;
-    u = fast_rcp(fmaf(kUScale / kScale, b, 1.f));
+    u = fast_rcp(fmaf(kNormalCdfUScale / kScale, b, 1.f));
     p = 4.401237145e-02f;
     p = fmaf(p, u, -1.780534238e-01f);
     p = fmaf(p, u, 1.941711754e-01f);
