@@ -69,16 +69,26 @@ GATED_OPS = ("swiglu", "geglu")
 #         "mlp fwd" 1592 / 1930, 1605 / 1886, 2241 / 2598; "mlp fwd+bwd"
 #         with the kernel backward 3659 / 3922, 3620 / 3943, 6054 / 6317.
 #         XLA's erf is slow here (its forward at 35-47% of copy).
-#   cpu:  XLA, but for the gated tanh forms' 16-bit backward. Measured on a
-#         2-core AVX2 machine: the forward of XLA (the float32-math reference)
-#         faster than the kernels' on most cells (tanh forms up to 3.5x, erf
-#         forms 7-20x: scalar libm erfcf in the kernel); XLA's CPU code is
+#   cpu:  XLA, but for the gated forms' 16-bit backward and the erf GELU
+#         forwards named below. Measured on a 2-core AVX2 machine: the
+#         forward of XLA (the float32-math reference) faster than the
+#         kernels' on most cells (tanh forms up to 3.5x, erf forms 7-20x
+#         while the kernel called libm's scalar erfcf); XLA's CPU code is
 #         AVX2 + FMA with its own vectorized tanh/erf approximations, and
 #         fuses. The swiglu and geglu kernel backward, after XLA's forward,
 #         made an MLP block's gradient (x [1024, 512] @ w1 [512, 4096] -> op
 #         -> @ w2 [2048, 512]) 13-15% faster in bf16 and 1-14% in f16, 3-4%
 #         slower in f32, two runs each (forty-sixth session,
-#         bench/results/cpu_activation_policy_46th.txt).
+#         bench/results/cpu_activation_policy_46th.txt). The erf forms, once
+#         the kernels' erfc became a vectorized polynomial (forward 25-28 ->
+#         2.8-5.7 ms at [4096, 1024]; forty-seventh session), in the same MLP
+#         block (hidden 2048, geglu 2 x 2048), ms, two runs, the best choice
+#         / XLA: gelu_erf kernel forward + XLA backward 28.7-29.2 / 36.0-36.5
+#         (f32), 30.4-30.8 / 30.3-39.2 (bf16), 30.4-31.3 / 39.6-41.5 (f16);
+#         bias_gelu_erf the same 29.1-29.4 / 36.0-36.6 in f32, XLA by 2-4% in
+#         16 bits; geglu_erf XLA forward + kernel backward 45.2-48.7 /
+#         54.5-57.5 in 16 bits, XLA in f32
+#         (bench/results/cpu_activation_policy_erf_47th.txt).
 # Keys: (variant, platform); variant = op, "_erf" appended for approximate=False.
 # Values: (forward, backward), or a dict of them by dtype name.
 _XLA_F32_KERNEL_BWD_16 = {"float32": ("xla", "xla"), "bfloat16": ("xla", "kernel"),
@@ -92,12 +102,13 @@ DEFAULT_IMPLEMENTATION = {
     ("geglu", "cuda"): ("kernel", "kernel"),
     ("geglu_erf", "cuda"): ("kernel", "kernel"),
     ("gelu", "cpu"): ("xla", "xla"),
-    ("gelu_erf", "cpu"): ("xla", "xla"),
+    ("gelu_erf", "cpu"): ("kernel", "xla"),
     ("bias_gelu", "cpu"): ("xla", "xla"),
-    ("bias_gelu_erf", "cpu"): ("xla", "xla"),
+    ("bias_gelu_erf", "cpu"): {"float32": ("kernel", "xla"), "bfloat16": ("xla", "xla"),
+                               "float16": ("xla", "xla")},
     ("swiglu", "cpu"): _XLA_F32_KERNEL_BWD_16,
     ("geglu", "cpu"): _XLA_F32_KERNEL_BWD_16,
-    ("geglu_erf", "cpu"): ("xla", "xla"),
+    ("geglu_erf", "cpu"): _XLA_F32_KERNEL_BWD_16,
 }
 VARIANTS = tuple(dict.fromkeys(v for v, _ in DEFAULT_IMPLEMENTATION))
 PASSES = ("fwd", "bwd")
