@@ -22,13 +22,19 @@ class TaskRunner {
 };
 
 // Calls fn(begin, end) on disjoint chunks covering [0, n), each of at least
-// `min_items` items (a task hand-off costs a few microseconds). Without a
-// runner it starts std::threads (standalone use, tests).
+// `min_items` items (a task hand-off costs a few microseconds). With a
+// runner, up to kChunksPerWorker chunks per worker, claimed one at a time,
+// so that a worker slowed by other work (a shared machine) leaves its share
+// to the others; without one it starts a std::thread per chunk (standalone
+// use, tests).
+constexpr int64_t kChunksPerWorker = 4;
+
 template <typename Fn>
 void parallel_for(const TaskRunner* runner, int64_t n, int64_t min_items, Fn fn) {
   const int64_t workers = runner ? runner->num_threads() + 1  // + the calling thread
                                  : std::max(1u, std::thread::hardware_concurrency());
-  const int64_t chunks = std::clamp<int64_t>(n / std::max<int64_t>(min_items, 1), 1, workers);
+  const int64_t chunks = std::clamp<int64_t>(n / std::max<int64_t>(min_items, 1), 1,
+                                             runner ? kChunksPerWorker * workers : workers);
   if (chunks <= 1) {
     fn(int64_t{0}, n);
     return;
@@ -55,7 +61,7 @@ void parallel_for(const TaskRunner* runner, int64_t n, int64_t min_items, Fn fn)
         counters->done.fetch_add(1, std::memory_order_release);
       }
     };
-    for (int64_t c = 1; c < chunks; ++c) runner->schedule(claim_and_run);
+    for (int64_t t = 1; t < std::min(chunks, workers); ++t) runner->schedule(claim_and_run);
     claim_and_run();
     while (counters->done.load(std::memory_order_acquire) < chunks) std::this_thread::yield();
     return;
