@@ -17,6 +17,7 @@ import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
+import jax.numpy as jnp
 from jax._src import dispatch
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.extend.core import Primitive
@@ -43,6 +44,12 @@ def check_implementation(implementation: str | None) -> None:
         f"{implementation} kernels"
         + (f" (the extension failed to import: {why})" if why else
            " (rebuild with a CUDA toolkit and JAXCRAFT_ENABLE_CUDA=ON)"))
+
+
+def policy_choice(entry, dtype):
+  """A policy table's entry for one dtype: the entry itself, or where it is
+  a dict by dtype name (the choice differs by dtype), that dtype's value."""
+  return entry[jnp.dtype(dtype).name] if isinstance(entry, dict) else entry
 
 
 def _new_primitive(name: str, abstract_eval: Callable) -> Primitive:

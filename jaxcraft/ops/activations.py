@@ -124,9 +124,8 @@ def default_implementation(variant: str, platform: str, pass_: str = "fwd",
   """"kernel" or "xla": what `implementation=None` runs for the forward or
   backward pass (`pass_`) of an op variant (see DEFAULT_IMPLEMENTATION) on
   `platform`, for x of `dtype`."""
-  choice = DEFAULT_IMPLEMENTATION.get((variant, platform), ("xla", "xla"))
-  if isinstance(choice, dict):
-    choice = choice[jnp.dtype(dtype).name]
+  choice = _primitive.policy_choice(
+      DEFAULT_IMPLEMENTATION.get((variant, platform), ("xla", "xla")), dtype)
   return choice[PASSES.index(pass_)]
 
 

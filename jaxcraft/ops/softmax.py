@@ -99,9 +99,7 @@ def default_implementation(platform: str, pass_: str = "fwd", row_bytes: int | N
   backward pass (`pass_`) on `platform` for rows of `row_bytes` bytes of
   `dtype` (see DEFAULT_IMPLEMENTATION). `clusters`: whether the GPU has
   thread-block clusters (None: ask this process's GPU)."""
-  choice = DEFAULT_IMPLEMENTATION.get(platform, ("xla", "xla"))
-  if isinstance(choice, dict):
-    choice = choice[jnp.dtype(dtype).name]
+  choice = _primitive.policy_choice(DEFAULT_IMPLEMENTATION.get(platform, ("xla", "xla")), dtype)
   index = PASSES.index(pass_)
   if row_bytes is not None and len(choice) > 2:
     if clusters is None:
