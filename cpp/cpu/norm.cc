@@ -73,16 +73,16 @@ void fwd_rows(const NormFwdParams& p, int64_t begin, int64_t end) {
   T* y = static_cast<T*>(p.y);
   T* h_out = static_cast<T*>(p.h_out);
   constexpr bool kFloat = std::is_same_v<T, float>;
-  // float32 rows are normalized in y itself (a pass less), 16-bit ones in scratch.
-  std::vector<float> scratch(kFloat ? 0 : C), res_row(res ? C : 0);
+  // float32 rows are normalized in y itself (a pass less), 16-bit ones in
+  // scratch; float32 residual rows are read where they are.
+  std::vector<float> scratch(kFloat ? 0 : C), res_row(res && !kFloat ? C : 0);
   for (int64_t r = begin; r < end; ++r) {
     const int64_t base = r * C;
     float* h = scratch.data();
     if constexpr (kFloat) h = y + base;
     load_row(x + base, C, h);
     if (res) {
-      load_row(res + base, C, res_row.data());
-      add_row(h, res_row.data(), C);
+      add_row(h, cpu::float_row(res + base, C, res_row.data()), C);
       store_row(h, C, h_out + base);
       // h is defined in the input dtype: rounded before it is normalized.
       if constexpr (!kFloat) load_row(h_out + base, C, h);
@@ -127,7 +127,7 @@ void bwd_partials(const NormBwdParams& p, int64_t part_begin, int64_t part_end) 
   T* dh = static_cast<T*>(p.dh);
   constexpr bool kFloat = std::is_same_v<T, float>;
   // float32 rows compute dh in dh itself, 16-bit ones in scratch.
-  std::vector<float> scratch(kFloat ? 0 : C), xhat(C), extra(dh_extra ? C : 0);
+  std::vector<float> scratch(kFloat ? 0 : C), xhat(C), extra(dh_extra && !kFloat ? C : 0);
   for (int64_t part = part_begin; part < part_end; ++part) {
     float* dscale = p.dscale_partial ? p.dscale_partial + part * C : nullptr;
     float* dbias = p.dbias_partial ? p.dbias_partial + part * C : nullptr;
@@ -139,8 +139,9 @@ void bwd_partials(const NormBwdParams& p, int64_t part_begin, int64_t part_end) 
       if constexpr (kFloat) g = dh + base;
       load_row(dy + base, C, g);
       load_row(h + base, C, xhat.data());
-      if (dh_extra) load_row(dh_extra + base, C, extra.data());
-      bwd_row(p, r, g, xhat.data(), dh_extra ? extra.data() : nullptr, dscale, dbias);
+      const float* extra_row =
+          dh_extra ? cpu::float_row(dh_extra + base, C, extra.data()) : nullptr;
+      bwd_row(p, r, g, xhat.data(), extra_row, dscale, dbias);
       if constexpr (!kFloat) store_row(g, C, dh + base);
     }
   }

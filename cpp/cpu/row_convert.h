@@ -7,6 +7,7 @@
 // forty-sixth session), and bfloat16 as AVX2 shifts; the baseline otherwise.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "common/host_float.h"
 
@@ -21,16 +22,33 @@ void store_row(const float* in, int64_t n, float* out);
 void store_row(const float* in, int64_t n, bf16_t* out);
 void store_row(const float* in, int64_t n, f16_t* out);
 
-// out = in * multiplier (an accumulator's normalization or scale), through
-// store_row a stack chunk at a time: `in` is left as it was.
+// out = in * multiplier (an accumulator's normalization or scale): float32
+// directly, 16-bit through store_row a stack chunk at a time; `in` is left
+// as it was.
 template <typename Out>
 void store_scaled_row(const float* in, float multiplier, int64_t n, Out* out) {
-  constexpr int64_t kChunk = 256;
-  float chunk[kChunk];
-  for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
-    const int64_t m = n - i0 < kChunk ? n - i0 : kChunk;
-    for (int64_t i = 0; i < m; ++i) chunk[i] = in[i0 + i] * multiplier;
-    store_row(chunk, m, out + i0);
+  if constexpr (std::is_same_v<Out, float>) {
+    for (int64_t i = 0; i < n; ++i) out[i] = in[i] * multiplier;
+  } else {
+    constexpr int64_t kChunk = 256;
+    float chunk[kChunk];
+    for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
+      const int64_t m = n - i0 < kChunk ? n - i0 : kChunk;
+      for (int64_t i = 0; i < m; ++i) chunk[i] = in[i0 + i] * multiplier;
+      store_row(chunk, m, out + i0);
+    }
+  }
+}
+
+// A read-only row as float32: float32 rows themselves, others converted
+// into `scratch` (n floats).
+template <typename T>
+const float* float_row(const T* in, int64_t n, float* scratch) {
+  if constexpr (std::is_same_v<T, float>) {
+    return in;
+  } else {
+    load_row(in, n, scratch);
+    return scratch;
   }
 }
 
