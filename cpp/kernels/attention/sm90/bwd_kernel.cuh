@@ -59,10 +59,11 @@ namespace sm90 {
 // the reductions have read it.
 // kBlockM_ = 128 (kDqByRows; head dim 64, plain instance): 128 queries per
 // step, and each warpgroup takes 64 query rows of the step's dQ over all
-// 128 keys, so both compute dQ every step and no turn is taken. At head dim
-// 64 a 64-query step is short (each product 64 x 64 x 64) and its fixed
-// costs (ring wait, lse/delta loads, the dS^T barrier, a dQ reduction)
-// weigh more. The visibility bitmask of the feature instances holds 64
+// 128 keys, so both compute dQ every step and no turn is taken (each a
+// step late, on mbarriers instead of a barrier between the warpgroups: see
+// ds_full in the kernel). At head dim 64 a 64-query step is short (each
+// product 64 x 64 x 64) and its fixed costs (ring wait, lse/delta loads,
+// the dS^T barrier, a dQ reduction) weigh more. The visibility bitmask of the feature instances holds 64
 // queries, so they keep kBlockM = 64.
 template <int kHeadDim_, int kStages_, bool kDqByKeys_, bool kSplitD_ = false, bool kDqTma_ = false,
           bool kDqInStage_ = false, int kBlockM_ = 64>
@@ -120,9 +121,12 @@ struct BwdConfig {
   static constexpr bool kDqWarp =
       kDqTma && (kDqInStage ? kSplitD
                             : kDqBytes > 0 && !kDqByKeys && !kDqByRows && kColBlocks == kConsumers);
+  // kDqByRows: each dS^T buffer's full and empty mbarriers (the kernel's ds_full).
+  static constexpr int kDsBarrierBytes = kDqByRows ? 8 * 2 * kDsBuffers : 0;
   static constexpr int kSmemBytes = kSwizzleAtomBytes + 2 * kKVBytes + kStages * kStageBytes +
                                     kDsBuffers * kDsBytes + kConsumers * kDqBytes +
-                                    kStages * kVecStageBytes + ring_barrier_bytes(kStages);
+                                    kStages * kVecStageBytes + ring_barrier_bytes(kStages) +
+                                    kDsBarrierBytes;
   // The consumers hold S^T and dP^T plus dK, dV (split-D: half of them).
   // With 232 the plain head-dim-128 instance spilled 40 bytes, reloaded
   // every step (11 LDL in the step loop's SASS); with 240 (the producer at
@@ -241,6 +245,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const uint32_t vec_sa = dq_sa + Cfg::kConsumers * Cfg::kDqBytes +
                           (kFeat == kBias ? kStages * bias_tile_bytes : 0);
   const RingBarriers<kStages> ring{vec_sa + kStages * Cfg::kVecStageBytes};
+  // kDqByRows: warpgroup c's dQ of step i reads both warpgroups' dS^T of
+  // step i, and runs in step i + 1 (once that step's dK and dV are done),
+  // so that neither warpgroup waits for the other's dS^T at a barrier
+  // (5-9% faster than the barrier per step; bench/NOTES.md): dS^T buffer
+  // i % 2 is full once every consumer thread has written it, and empty
+  // once every consumer thread's dQ product has read it (one arrival per
+  // thread, after its own stores or wait).
+  auto ds_full = [&](int buf) { return ring.base + RingBarriers<kStages>::kBytes + 8 * buf; };
+  auto ds_empty = [&](int buf) { return ds_full(Cfg::kDsBuffers + buf); };
   auto q_tile = [&](int s) { return stage_sa + s * Cfg::kStageBytes; };
   auto do_tile = [&](int s) { return q_tile(s) + Cfg::kQBytes; };
   auto lse_vec = [&](int s) { return vec_sa + s * Cfg::kVecStageBytes; };
@@ -255,7 +268,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int wg = kD == 64 ? tid / kWarpgroupThreads
                           : __shfl_sync(0xffffffffu, tid / kWarpgroupThreads, 0);
   const int lane = tid % kWarpSize;
-  if (tid == 0) ring.init(Cfg::kFullArrivals, Cfg::kConsumers * kWarpgroupThreads);
+  if (tid == 0) {
+    if constexpr (Cfg::kDqByRows)
+      for (int i = 0; i < 2 * Cfg::kDsBuffers; ++i)
+        mbar_init(ds_full(i), Cfg::kConsumers * kWarpgroupThreads);
+    ring.init(Cfg::kFullArrivals, Cfg::kConsumers * kWarpgroupThreads);  // fences the inits
+  }
   __syncthreads();
 
   // Lowest key tiles first: under a causal mask they see the most queries.
@@ -633,6 +651,97 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                       pack2<kDt>(x[j][2 * h2], x[j][2 * h2 + 1]));
   };
 
+  // dQ rows dq_m0 + 16 w + g (+ 8), in 64-column blocks: keys [key_lo,
+  // key_lo + dq_keys) of the tile times columns of K block cb; kDqByRows:
+  // this warpgroup's 64 queries, the dS^T buffer's column block c.
+  constexpr int kDqKeys = Cfg::kDqByKeys ? kWgmmaM : kBN;
+  const int key_lo = Cfg::kDqByKeys ? wg_key0 : 0;
+  // A warpgroup's dQ column blocks per step: [cb_lo, cb_hi) (in the loop).
+  const int cb_lo = Cfg::kSplitD ? acc_cb0 : Cfg::kDqByRows || Cfg::kDqByKeys || kCB == 1 ? 0 : c;
+  using DqFrag = float[kSwizzleCols / 8][4];
+  // ds_buf: the step's dS^T buffer.
+  auto issue_dq = [&](uint32_t ds_buf, int cb, DqFrag& dq) {
+    const uint32_t ds_rows = ds_buf + (Cfg::kDqByRows ? c * col_block_bytes<kBN>() : 0);
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kDqKeys / kWgmmaK; ++k) {
+      const int row = key_lo + k * kWgmmaK;
+      wgmma_ss_tt<kDt, kSwizzleCols>(
+          dq, smem_desc(ds_rows + row * kSwizzleRowBytes, 0),
+          smem_desc(k_sa + cb * col_block_bytes<kBN>() + row * kSwizzleRowBytes, 0), k > 0);
+    }
+    wgmma_commit();
+  };
+  // Step it (ring stage s) of query head h, query tile m0.
+  auto put_dq = [&](int it, int s, int h, int m0, int cb, DqFrag& dq) {
+    const int dq_m0 = m0 + (Cfg::kDqByRows ? c * kWgmmaM : 0);
+    fence_operands(dq);
+    if constexpr (Cfg::kDqTma) {
+      // Element (j, 2 h2 + e): row 16 w + g + 8 h2, column 8 j + 2 t + e,
+      // in box j / 4 (32 columns), 16-byte chunk 2 (j % 4) + t / 2.
+      // A warp's 8-byte stores are served by half-warps (4 rows x 2
+      // chunks each): in store j the lanes with t / 2 = 1 write their
+      // block j ^ 2, so that the half-warp's 8 chunks land on 8
+      // different swizzled bank groups (with block j, chunks c and c + 1
+      // of rows g and g ^ 1 shared banks: 2-way conflicts). +5-7% at
+      // head dim 128, +1.5-3.5% at 64. Not in the dropout instance: its
+      // selects pushed it from 4 to 32 spilled bytes, and it ran 3% slower.
+      const bool odd_chunk = kFeat != kDropout && t / 2 == 1;
+      // kDqWarp: warp 1 has read the last step's tile. With kDqInStage
+      // too, where the ring guards the stage: without this wait a
+      // warpgroup a step ahead of warp 1 would arrive on dQ full twice,
+      // and the hardware barrier would count its warps into the earlier
+      // step (measured: the head-dim-256 kernel hung).
+      if (kDqWarp && it > 0 && cb == cb_lo)
+        named_barrier_sync(kDqEmptyBarrier + c, kDqBarrierThreads);
+      // kDqByRows: no barrier between the warpgroups orders this
+      // warpgroup's last reductions before these stores; its own does.
+      if constexpr (Cfg::kDqByRows) {
+        if (ct == 0) tma_store_wait_read();
+        named_barrier_sync(2 + c, kWarpgroupThreads);
+      }
+      const uint32_t tile =
+          Cfg::kDqInStage
+              ? q_tile(s) + (kCB == 1 ? 0 : c * Cfg::kQBytes) + (cb - cb_lo) * Cfg::kDqBlockBytes
+              : dq_sa + c * Cfg::kDqBytes;
+#pragma unroll
+      for (int h2 = 0; h2 < 2; ++h2)
+#pragma unroll
+        for (int j = 0; j < kSwizzleCols / 8; ++j) {
+          const int jj = odd_chunk ? j ^ 2 : j;  // same box: j / 4 == jj / 4
+          const uint32_t at = tile + (j / 4) * col_block_bytes<Cfg::kDqRows>() +
+                              swizzled_offset(w * 16 + g + 8 * h2, 2 * (jj % 4) + t / 2) +
+                              8 * (t % 2);
+          const float v0 = odd_chunk ? dq[j ^ 2][2 * h2] : dq[j][2 * h2];
+          const float v1 = odd_chunk ? dq[j ^ 2][2 * h2 + 1] : dq[j][2 * h2 + 1];
+          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(v0), "f"(v1) : "memory");
+        }
+      fence_proxy_async();
+      if constexpr (kDqWarp) return;  // warp 1 takes it from here (dQ full, below)
+      named_barrier_sync(2 + c, kWarpgroupThreads);
+      if (ct == 0) {  // rows past seqlen_q and columns past head_dim are clipped
+#pragma unroll
+        for (int box = 0; box < kSwizzleCols / Cfg::kDqBoxCols; ++box)
+          tma_reduce_add_4d(&p.dq_map, tile + box * col_block_bytes<Cfg::kDqRows>(),
+                            cb * kSwizzleCols + box * Cfg::kDqBoxCols, h, dq_m0, b);
+        tma_store_commit();
+      }
+    } else {
+#pragma unroll
+      for (int h2 = 0; h2 < 2; ++h2) {
+        const int q = dq_m0 + w * 16 + g + 8 * h2;
+        if (q < sh.seqlen_q) {
+          float* row = a.dq_accum + ((int64_t(b) * sh.seqlen_q + q) * sh.num_heads + h) * sh.head_dim;
+#pragma unroll
+          for (int j = 0; j < kSwizzleCols / 8; ++j) {
+            const int col = cb * kSwizzleCols + 8 * j + 2 * t;
+            if (col < sh.head_dim) red_add_v2(row + col, dq[j][2 * h2], dq[j][2 * h2 + 1]);
+          }
+        }
+      }
+    }
+  };
+
   mbar_wait(ring.once(), 0);
   int it = 0;
   for (int h = kv_head * group; h < (kv_head + 1) * group; ++h) {
@@ -798,6 +907,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           wgmma_rs<kDt, kAcc>(dk, dsa[kk], acc_b_desc(q_tile(s), kk));
         wgmma_commit();
 
+        // kDqByRows: this step's dS^T goes into the buffer of two steps
+        // back once both warpgroups' dQ products have read it.
+        if (Cfg::kDqByRows && it >= 2) mbar_wait(ds_empty(it % 2), ((it - 2) / 2) & 1);
 #pragma unroll
         for (int kk = 0; kk < kSN / 16; ++kk)
 #pragma unroll
@@ -814,8 +926,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         fence_proxy_async();
         // kDqTma: the last step's reductions have read this warpgroup's dQ
         // tile before anyone passes the barrier and writes it again.
-        if (Cfg::kDqTma && !Cfg::kDqInStage && !kDqWarp && ct == 0) tma_store_wait_read();
-        if constexpr (Cfg::kDqByKeys)
+        if (Cfg::kDqTma && !Cfg::kDqInStage && !kDqWarp && !Cfg::kDqByRows && ct == 0)
+          tma_store_wait_read();
+        if constexpr (Cfg::kDqByRows)
+          mbar_arrive(ds_full(it % 2));
+        else if constexpr (Cfg::kDqByKeys)
           named_barrier_sync(2 + c, kWarpgroupThreads);
         else
           named_barrier_sync(1, Cfg::kConsumers * kWarpgroupThreads);
@@ -826,39 +941,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           }
         }
       }
-      // dQ rows dq_m0 + 16 w + g (+ 8), in 64-column blocks: keys [key_lo,
-      // key_lo + dq_keys) of the tile times columns of K block cb; kDqByRows:
-      // this warpgroup's 64 queries, the dS^T buffer's column block c.
-      constexpr int kDqKeys = Cfg::kDqByKeys ? kWgmmaM : kBN;
-      const int key_lo = Cfg::kDqByKeys ? wg_key0 : 0;
-      const int dq_m0 = m0 + (Cfg::kDqByRows ? c * kWgmmaM : 0);
-      const uint32_t ds_rows = ds_buf + (Cfg::kDqByRows ? c * col_block_bytes<kBN>() : 0);
-      int cb_lo = c, cb_hi = c + 1;  // split by columns
-      if (Cfg::kDqByRows) {
-        cb_lo = 0;
-        cb_hi = kCB;
-      } else if (Cfg::kSplitD) {
-        cb_lo = acc_cb0;
-        cb_hi = acc_cb0 + kAcc / kSwizzleCols;
-      } else if (Cfg::kDqByKeys) {
-        cb_lo = 0;
-        cb_hi = kCB;
-      } else if (kCB == 1) {  // one block: this warpgroup's turn?
-        cb_lo = 0;
-        cb_hi = it % Cfg::kConsumers == c;
-      }
-      using DqFrag = float[kSwizzleCols / 8][4];
-      auto issue_dq = [&](int cb, DqFrag& dq) {
-        wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < kDqKeys / kWgmmaK; ++k) {
-          const int row = key_lo + k * kWgmmaK;
-          wgmma_ss_tt<kDt, kSwizzleCols>(
-              dq, smem_desc(ds_rows + row * kSwizzleRowBytes, 0),
-              smem_desc(k_sa + cb * col_block_bytes<kBN>() + row * kSwizzleRowBytes, 0), k > 0);
-        }
-        wgmma_commit();
-      };
+      // Split by columns, or (one block) this warpgroup's turn?
+      const int cb_hi = Cfg::kSplitD                          ? acc_cb0 + kAcc / kSwizzleCols
+                        : Cfg::kDqByRows || Cfg::kDqByKeys ? kCB
+                        : kCB == 1                          ? int(it % Cfg::kConsumers == c)
+                                                            : c + 1;
       // Once dK and dV's products are done: the stage's last reader.
       auto release_stage = [&] {
         fence_operands(dk);
@@ -878,67 +965,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         if constexpr (Cfg::kDqInStage) named_barrier_sync(1, Cfg::kConsumers * kWarpgroupThreads);
         if (!Cfg::kDqInStage || ct != 0) mbar_arrive(ring.empty(s));
       };
-      auto put_dq = [&](int cb, DqFrag& dq) {
-        fence_operands(dq);
-        if constexpr (Cfg::kDqTma) {
-          // Element (j, 2 h2 + e): row 16 w + g + 8 h2, column 8 j + 2 t + e,
-          // in box j / 4 (32 columns), 16-byte chunk 2 (j % 4) + t / 2.
-          // A warp's 8-byte stores are served by half-warps (4 rows x 2
-          // chunks each): in store j the lanes with t / 2 = 1 write their
-          // block j ^ 2, so that the half-warp's 8 chunks land on 8
-          // different swizzled bank groups (with block j, chunks c and c + 1
-          // of rows g and g ^ 1 shared banks: 2-way conflicts). +5-7% at
-          // head dim 128, +1.5-3.5% at 64. Not in the dropout instance: its
-          // selects pushed it from 4 to 32 spilled bytes, and it ran 3% slower.
-          const bool odd_chunk = kFeat != kDropout && t / 2 == 1;
-          // kDqWarp: warp 1 has read the last step's tile. With kDqInStage
-          // too, where the ring guards the stage: without this wait a
-          // warpgroup a step ahead of warp 1 would arrive on dQ full twice,
-          // and the hardware barrier would count its warps into the earlier
-          // step (measured: the head-dim-256 kernel hung).
-          if (kDqWarp && it > 0 && cb == cb_lo)
-            named_barrier_sync(kDqEmptyBarrier + c, kDqBarrierThreads);
-          const uint32_t tile =
-              Cfg::kDqInStage
-                  ? q_tile(s) + (kCB == 1 ? 0 : c * Cfg::kQBytes) + (cb - cb_lo) * Cfg::kDqBlockBytes
-                  : dq_sa + c * Cfg::kDqBytes;
-#pragma unroll
-          for (int h2 = 0; h2 < 2; ++h2)
-#pragma unroll
-            for (int j = 0; j < kSwizzleCols / 8; ++j) {
-              const int jj = odd_chunk ? j ^ 2 : j;  // same box: j / 4 == jj / 4
-              const uint32_t at = tile + (j / 4) * col_block_bytes<Cfg::kDqRows>() +
-                                  swizzled_offset(w * 16 + g + 8 * h2, 2 * (jj % 4) + t / 2) +
-                                  8 * (t % 2);
-              const float v0 = odd_chunk ? dq[j ^ 2][2 * h2] : dq[j][2 * h2];
-              const float v1 = odd_chunk ? dq[j ^ 2][2 * h2 + 1] : dq[j][2 * h2 + 1];
-              asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(v0), "f"(v1) : "memory");
-            }
-          fence_proxy_async();
-          if constexpr (kDqWarp) return;  // warp 1 takes it from here (dQ full, below)
-          named_barrier_sync(2 + c, kWarpgroupThreads);
-          if (ct == 0) {  // rows past seqlen_q and columns past head_dim are clipped
-#pragma unroll
-            for (int box = 0; box < kSwizzleCols / Cfg::kDqBoxCols; ++box)
-              tma_reduce_add_4d(&p.dq_map, tile + box * col_block_bytes<Cfg::kDqRows>(),
-                                cb * kSwizzleCols + box * Cfg::kDqBoxCols, h, dq_m0, b);
-            tma_store_commit();
-          }
-        } else {
-#pragma unroll
-          for (int h2 = 0; h2 < 2; ++h2) {
-            const int q = dq_m0 + w * 16 + g + 8 * h2;
-            if (q < sh.seqlen_q) {
-              float* row = a.dq_accum + ((int64_t(b) * sh.seqlen_q + q) * sh.num_heads + h) * sh.head_dim;
-#pragma unroll
-              for (int j = 0; j < kSwizzleCols / 8; ++j) {
-                const int col = cb * kSwizzleCols + 8 * j + 2 * t;
-                if (col < sh.head_dim) red_add_v2(row + col, dq[j][2 * h2], dq[j][2 * h2 + 1]);
-              }
-            }
-          }
-        }
-      };
       // One dQ block per warpgroup and step, split by columns into tiles
       // of its own (head dim 128): its product is issued before the wait
       // for dK and dV, so that the tensor cores go on from one to the other
@@ -950,22 +976,47 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                                 !Cfg::kDqByRows && kCB == Cfg::kConsumers && !kFused;
       if constexpr (kDqEarly) {
         DqFrag dq;
-        issue_dq(cb_lo, dq);
+        issue_dq(ds_buf, cb_lo, dq);
         wgmma_wait<1>();
         release_stage();
         wgmma_wait<0>();
-        put_dq(cb_lo, dq);
+        put_dq(it, s, h, m0, cb_lo, dq);
+      } else if constexpr (Cfg::kDqByRows) {
+        // The last step's query head and tile (recomputed: held across the
+        // step's products, they made ptxas serialize the wgmmas).
+        const bool new_head = mt == mt_begin;
+        const int prev_h = new_head ? h - 1 : h, prev_m0 = (new_head ? mt_end - 1 : mt - 1) * kBM;
+        wgmma_wait<0>();
+        release_stage();
+        if (it > 0) {
+          DqFrag dq;
+          mbar_wait(ds_full((it - 1) % 2), ((it - 1) / 2) & 1);
+          issue_dq(ds_sa + ((it - 1) % 2) * Cfg::kDsBytes, 0, dq);
+          wgmma_wait<0>();
+          mbar_arrive(ds_empty((it - 1) % 2));
+          put_dq(it - 1, ring.stage(it - 1), prev_h, prev_m0, 0, dq);
+        }
       } else {
         wgmma_wait<0>();
         release_stage();
         for (int cb = cb_lo; cb < cb_hi; ++cb) {
           DqFrag dq;
-          issue_dq(cb, dq);
+          issue_dq(ds_buf, cb, dq);
           wgmma_wait<0>();
-          put_dq(cb, dq);
+          put_dq(it, s, h, m0, cb, dq);
         }
       }
       if constexpr (kDqWarp) named_barrier_arrive(kDqFullBarrier + c, kDqBarrierThreads);
+    }
+  }
+
+  if constexpr (Cfg::kDqByRows) {  // the last step's dQ
+    if (it > 0) {
+      DqFrag dq;
+      mbar_wait(ds_full((it - 1) % 2), ((it - 1) / 2) & 1);
+      issue_dq(ds_sa + ((it - 1) % 2) * Cfg::kDsBytes, 0, dq);
+      wgmma_wait<0>();
+      put_dq(it - 1, ring.stage(it - 1), (kv_head + 1) * group - 1, (mt_end - 1) * kBM, 0, dq);
     }
   }
 
