@@ -63,8 +63,8 @@ namespace sm90 {
 // step late, on mbarriers instead of a barrier between the warpgroups: see
 // ds_full in the kernel). At head dim 64 a 64-query step is short (each
 // product 64 x 64 x 64) and its fixed costs (ring wait, lse/delta loads,
-// the dS^T barrier, a dQ reduction) weigh more. The visibility bitmask of the feature instances holds 64
-// queries, so they keep kBlockM = 64.
+// the dS^T barrier, a dQ reduction) weigh more. The visibility bitmask of
+// the feature instances holds 64 queries, so they keep kBlockM = 64.
 template <int kHeadDim_, int kStages_, bool kDqByKeys_, bool kSplitD_ = false, bool kDqTma_ = false,
           bool kDqInStage_ = false, int kBlockM_ = 64>
 struct BwdConfig {
