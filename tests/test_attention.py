@@ -87,6 +87,17 @@ def test_head_dim_64_query_tiles(platform, dtype, ts, mode):
   _check(platform, q, k, v, grads=mode == "lengths", **kw)
 
 
+@pytest.mark.parametrize("mode", ["full", "bottom_right"])
+def test_head_dim_64_backward_steps(platform, mode):
+  # The Hopper backward at head dim 64 takes 128 queries a step, and each
+  # warpgroup computes a step's dQ in the next step (or after the last):
+  # several steps per query head, three query heads per KV head, so that
+  # the late dQ crosses from one head's last query tile to the next head's
+  # first; bottom-right causal starts each key tile's steps past tile 0.
+  q, k, v = _qkv(2, 300, 200, 6, 2, 64, jnp.bfloat16, seed=5)
+  _check(platform, q, k, v, is_causal=mode == "bottom_right", causal_alignment="bottom_right")
+
+
 @pytest.mark.parametrize("head_dim", [32, 64, 80, 96, 128, 256])
 @pytest.mark.parametrize("heads", [(4, 4), (8, 2), (8, 1)])
 def test_head_dims_and_gqa(platform, head_dim, heads):
