@@ -742,6 +742,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   };
 
+  // kDqByRows: step it's dQ (query head h, tile m0), taken one step late
+  // from its dS^T buffer ds_prev once both warpgroups have stored it.
+  auto late_dq = [&](int it, uint32_t ds_prev, int h, int m0) {
+    DqFrag dq;
+    mbar_wait(ds_full(it % 2), (it / 2) & 1);
+    issue_dq(ds_prev, 0, dq);
+    wgmma_wait<0>();
+    mbar_arrive(ds_empty(it % 2));
+    put_dq(it, ring.stage(it), h, m0, 0, dq);
+  };
+
   mbar_wait(ring.once(), 0);
   int it = 0;
   for (int h = kv_head * group; h < (kv_head + 1) * group; ++h) {
@@ -988,14 +999,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const int prev_h = new_head ? h - 1 : h, prev_m0 = (new_head ? mt_end - 1 : mt - 1) * kBM;
         wgmma_wait<0>();
         release_stage();
-        if (it > 0) {
-          DqFrag dq;
-          mbar_wait(ds_full((it - 1) % 2), ((it - 1) / 2) & 1);
-          issue_dq(ds_sa + ((it - 1) % 2) * Cfg::kDsBytes, 0, dq);
-          wgmma_wait<0>();
-          mbar_arrive(ds_empty((it - 1) % 2));
-          put_dq(it - 1, ring.stage(it - 1), prev_h, prev_m0, 0, dq);
-        }
+        // The other dS^T buffer, as an offset from this step's (from
+        // ds_sa, ptxas spent a register on it: 40 spilled bytes, not 32).
+        if (it > 0) late_dq(it - 1, ds_buf + ((it & 1) ? -Cfg::kDsBytes : Cfg::kDsBytes), prev_h, prev_m0);
       } else {
         wgmma_wait<0>();
         release_stage();
@@ -1011,13 +1017,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
 
   if constexpr (Cfg::kDqByRows) {  // the last step's dQ
-    if (it > 0) {
-      DqFrag dq;
-      mbar_wait(ds_full((it - 1) % 2), ((it - 1) / 2) & 1);
-      issue_dq(ds_sa + ((it - 1) % 2) * Cfg::kDsBytes, 0, dq);
-      wgmma_wait<0>();
-      put_dq(it - 1, ring.stage(it - 1), (kv_head + 1) * group - 1, (mt_end - 1) * kBM, 0, dq);
-    }
+    if (it > 0)
+      late_dq(it - 1, ds_sa + ((it - 1) % 2) * Cfg::kDsBytes, (kv_head + 1) * group - 1,
+              (mt_end - 1) * kBM);
   }
 
   // Epilogue: dK = scale * sum dS^T Q. Every warpgroup's last dQ product
