@@ -19,6 +19,7 @@ import argparse
 import datetime
 import json
 import subprocess
+import tempfile
 import time
 
 import jax
@@ -43,11 +44,13 @@ def _sampler():
   reasons = next((f for f in ("clocks_event_reasons.active", "clocks_throttle_reasons.active")
                   if _query(f).returncode == 0), None)
   fields = f"{FIELDS},{reasons}" if reasons else FIELDS
-  # Line-buffered, or its last samples die with it in the pipe's buffer.
-  return subprocess.Popen(
-      ["stdbuf", "-oL", "nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits",
-       "-lms", "50"],
-      stdout=subprocess.PIPE, text=True)
+  # Into a file, not a pipe: unread, a pipe's buffer fills in under a
+  # minute of samples and nvidia-smi stops sampling.
+  log = tempfile.TemporaryFile("w+")
+  proc = subprocess.Popen(
+      ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits", "-lms", "50"],
+      stdout=log, text=True)
+  return proc, log
 
 
 def _samples(text):
@@ -90,7 +93,7 @@ def main():
   print("power limit, max SM clock:",
         _query("power.limit,clocks.max.sm").stdout.strip())
   windows = []
-  sampler = _sampler()
+  sampler, log = _sampler()
   for row in args.rows:
     spec = spec_of(row)
     shape = (spec.batch, spec.seqlen, spec.heads, spec.head_dim)
@@ -107,7 +110,9 @@ def main():
         t0, t1, per_step = _window(step, q, k, v, args.seconds)
         windows.append(dict(row=row, impl=name, round=r, t0=t0, t1=t1, us=per_step * 1e6))
   sampler.terminate()
-  samples = _samples(sampler.communicate()[0])
+  sampler.wait()
+  log.seek(0)
+  samples = _samples(log.read())
   print(f"{'row':12s} {'impl':9s} {'us/step':>8s} {'W':>6s} {'MHz':>6s} {'C':>4s} "
         f"{'mJ/step':>8s}  reasons")
   for w in windows:
