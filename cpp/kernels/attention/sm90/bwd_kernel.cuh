@@ -743,7 +743,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   };
 
   // kDqByRows: step it's dQ (query head h, tile m0), taken one step late
-  // from its dS^T buffer ds_prev once both warpgroups have stored it.
+  // from its dS^T buffer ds_prev once both warpgroups have stored it. (The
+  // last step's empty arrive has no waiter: a CTA runs one key tile.)
   auto late_dq = [&](int it, uint32_t ds_prev, int h, int m0) {
     DqFrag dq;
     mbar_wait(ds_full(it % 2), (it / 2) & 1);
@@ -999,9 +1000,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const int prev_h = new_head ? h - 1 : h, prev_m0 = (new_head ? mt_end - 1 : mt - 1) * kBM;
         wgmma_wait<0>();
         release_stage();
-        // The other dS^T buffer, as an offset from this step's (from
-        // ds_sa, ptxas spent a register on it: 40 spilled bytes, not 32).
-        if (it > 0) late_dq(it - 1, ds_buf + ((it & 1) ? -Cfg::kDsBytes : Cfg::kDsBytes), prev_h, prev_m0);
+        // The other dS^T buffer, as an offset from this step's (addressed
+        // from ds_sa, it cost ptxas a register: 8 more spilled bytes).
+        if (it > 0)
+          late_dq(it - 1, ds_buf + ((it & 1) ? -Cfg::kDsBytes : Cfg::kDsBytes), prev_h, prev_m0);
       } else {
         wgmma_wait<0>();
         release_stage();
