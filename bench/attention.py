@@ -79,6 +79,12 @@ def _fwd_bwd(fn):
   return step
 
 
+def inputs(spec):
+  """The row's q, k, v: [batch, seqlen, heads, head_dim] normal samples."""
+  shape = (spec.batch, spec.seqlen, spec.heads, spec.head_dim)
+  return tuple(jax.random.normal(kk, shape, DTYPE) for kk in jax.random.split(jax.random.key(0), 3))
+
+
 def run(bandwidth: float, specs=None):
   del bandwidth
   specs = specs or (QUICK_SPECS if os.environ.get("JAXCRAFT_BENCH_QUICK") else ATTENTION_SPECS)
@@ -89,9 +95,7 @@ def run(bandwidth: float, specs=None):
       specs = [s for s in specs if str(getattr(s, field)) in wanted.split(",")]
   rows = []
   for spec in specs:
-    shape = (spec.batch, spec.seqlen, spec.heads, spec.head_dim)
-    keys = jax.random.split(jax.random.key(0), 3)
-    q, k, v = (jax.random.normal(kk, shape, DTYPE) for kk in keys)
+    q, k, v = inputs(spec)
     impls = _impls(spec)
     for mode, make, flops in (("fwd", _fwd, spec.fwd_flops()),
                               ("fwd+bwd", _fwd_bwd, spec.fwd_bwd_flops())):

@@ -23,7 +23,6 @@ import tempfile
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 import attention
@@ -96,9 +95,7 @@ def main():
   sampler, log = _sampler()
   for row in args.rows:
     spec = spec_of(row)
-    shape = (spec.batch, spec.seqlen, spec.heads, spec.head_dim)
-    q, k, v = (jax.random.normal(kk, shape, jnp.bfloat16)
-               for kk in jax.random.split(jax.random.key(0), 3))
+    q, k, v = attention.inputs(spec)
     steps = {}
     for name, fn in attention._impls(spec).items():
       if name in ("jaxcraft", "cudnn"):

@@ -18,7 +18,6 @@ import re
 import tempfile
 
 import jax
-import jax.numpy as jnp
 
 import attention
 import timing
@@ -46,9 +45,7 @@ def main():
   trace_dir = args.trace_dir or tempfile.mkdtemp(prefix="attn_trace_")
   for row in args.rows:
     spec = spec_of(row)
-    shape = (spec.batch, spec.seqlen, spec.heads, spec.head_dim)
-    q, k, v = (jax.random.normal(kk, shape, jnp.bfloat16)
-               for kk in jax.random.split(jax.random.key(0), 3))
+    q, k, v = attention.inputs(spec)
     for name, fn in attention._impls(spec).items():
       if name not in args.impls.split(","):
         continue
