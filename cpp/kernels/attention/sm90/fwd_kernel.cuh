@@ -640,13 +640,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     auto issue_scores_into = [&](int it, auto& slab) {
       constexpr int kN = kSlabKeys<decltype(slab)>;
       const int s = ring.stage(it0 + it);
+      const uint64_t q_desc = smem_desc(q_tile(n) + wg_row0 * kSwizzleRowBytes, 0);
+      const uint64_t k_desc = smem_desc(k_tile(s), 0);
       wgmma_fence();
 #pragma unroll
       for (int k = 0; k < kD / kWgmmaK; ++k) {
         const int cb = k / 4, kb = (k % 4) * kWgmmaK * 2;
-        const uint64_t qd = smem_desc(q_tile(n) + cb * col_block_bytes<kBM>() + wg_row0 * kSwizzleRowBytes + kb, 0);
-        const uint64_t kd = smem_desc(k_tile(s) + cb * col_block_bytes<kBN>() + kb, 0);
-        wgmma_ss<kDt, kN>(slab[0], qd, kd, k > 0);
+        wgmma_ss<kDt, kN>(slab[0], desc_plus(q_desc, cb * col_block_bytes<kBM>() + kb),
+                          desc_plus(k_desc, cb * col_block_bytes<kBN>() + kb), k > 0);
       }
       wgmma_commit();
     };

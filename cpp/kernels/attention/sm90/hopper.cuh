@@ -295,6 +295,16 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t leading_by
          (uint64_t(kSwizzleAtomBytes >> 4) << 32) | (kSwizzle128 << 62);
 }
 
+// `desc` with its start address moved by `bytes` (a multiple of 16). One
+// 32-bit add to the low word, where smem_desc(addr + bytes) repeats the mask,
+// shift and or for every product of a tile (the uniform datapath's largest
+// share at head dim 256); the 14-bit field cannot carry into the leading
+// offset while the address stays below 256 KB (shared memory is 228 KB).
+__device__ __forceinline__ uint64_t desc_plus(uint64_t desc, uint32_t bytes) {
+  const uint32_t lo = uint32_t(desc) + (bytes >> 4), hi = uint32_t(desc >> 32);
+  return (uint64_t(hi) << 32) | lo;
+}
+
 // d[N/8][4] += A(64 x 16, shared, K-major) * B(N x 16, shared, K-major)^T;
 // accumulate = 0 overwrites d.
 template <DType kDt, int kN>
