@@ -14,7 +14,8 @@ import jaxcraft
 from specs import ATTENTION_SPECS, AttentionSpec
 from timing import GRAPH_STEPS, ChainTimer, time_interleaved
 
-DTYPE = jnp.bfloat16
+# JAXCRAFT_BENCH_DTYPE=float16: the sweep in float16 (issue 5 asks for both 16-bit types).
+DTYPE = jnp.dtype(os.environ.get("JAXCRAFT_BENCH_DTYPE", "bfloat16"))
 # Chain pairs timed per cell, in turn with the other implementations
 # (JAXCRAFT_BENCH_REPEATS overrides). Under the H100's power cap single
 # samples of one kernel spread by +-5% (clocks 1470-1980 MHz); with the
@@ -107,8 +108,8 @@ def run(bandwidth: float, specs=None):
           print(f"  {spec.name} {name} {mode}: failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
       for name, sec in time_interleaved(timers, default=REPEATS).items():
         rows.append(dict(op="attention", shape=spec.name, head_dim=spec.head_dim,
-                         seqlen=spec.seqlen, causal=spec.causal, impl=name, mode=mode,
-                         us=sec * 1e6, tflops=flops / sec / 1e12))
+                         seqlen=spec.seqlen, causal=spec.causal, dtype=DTYPE.name, impl=name,
+                         mode=mode, us=sec * 1e6, tflops=flops / sec / 1e12))
         print(f"  {spec.name:18s} {name:9s} {mode:8s} {sec * 1e3:9.3f} ms "
               f"{rows[-1]['tflops']:6.0f} TFLOP/s", flush=True)
   return rows
