@@ -63,7 +63,8 @@ def _attention_plot(rows, meta, path):
       ax.set_xlabel("sequence length")
       ax.set_ylabel("TFLOP/s")
       ax.legend(fontsize=7)
-  fig.suptitle(f"{meta['device']} - bf16 - 16k tokens/batch, hidden 2048 - {meta['date']}")
+  dtypes = "/".join(sorted({r.get("dtype", "bfloat16") for r in rows}))  # rows before the 50th had none
+  fig.suptitle(f"{meta['device']} - {dtypes} - 16k tokens/batch, hidden 2048 - {meta['date']}")
   fig.tight_layout()
   fig.savefig(path, dpi=80)
   plt.close(fig)

@@ -38,7 +38,9 @@ MIN_SPAN_S = 0.01
 # held 150 us of launch gaps beside 249 us of kernels, decode 1 x 128k) while
 # the long chain ran in one: the difference then credited cuDNN with the
 # short chain's launch cost (0.5-1% per step on the decode rows).
-# jaxcraft's calls run outside command buffers at any length.
+# jaxcraft's handlers are marked command-buffer compatible, and under JAX
+# 0.11.2 its chains run as one graph too (bench/host_events.py: one
+# cuGraphLaunch per chain for both implementations).
 GRAPH_STEPS = 8
 
 

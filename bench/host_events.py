@@ -1,0 +1,68 @@
+"""The host's launch calls for the decode bench's two chains, jaxcraft beside
+cuDNN: driver launches (kernels, CUDA graphs) and XLA's command-buffer and
+thunk events, with counts and host time, from the JAX profiler's Perfetto
+trace of one call of each chain. Shows whether a chain runs as a CUDA graph
+(command buffer) or launch by launch.
+
+  python bench/host_events.py ["1 x 128k,8 x 32k"]
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+import sys
+import tempfile
+
+import jax
+from timing import ChainTimer
+
+import decode
+
+# Driver launches and XLA's command-buffer and thunk events.
+LAUNCHES = re.compile(r"Launch|command_buffer|Thunk")
+
+
+def host_events(fn, q, consts):
+  """(name -> [count, total us]) of every host-thread event in one traced call."""
+  jax.block_until_ready(fn(q, *consts))
+  with tempfile.TemporaryDirectory() as trace_dir:
+    with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+      jax.block_until_ready(fn(q, *consts))
+    path = glob.glob(os.path.join(trace_dir, "**", "perfetto_trace.json.gz"), recursive=True)[0]
+    events = json.load(gzip.open(path))["traceEvents"]
+  procs = {e["pid"]: str(e.get("args", {}).get("name", "")) for e in events
+           if e.get("ph") == "M" and e["name"] == "process_name"}
+  out = collections.defaultdict(lambda: [0, 0.0])
+  for e in events:
+    proc = procs.get(e.get("pid"), "")
+    if e.get("ph") == "X" and "GPU" not in proc and "/device" not in proc:
+      # One row per op and per call kind, not per instance or graph id.
+      name = re.sub(r"\.\d+$|\s*\(CudaGraph:\d+\)", "", e["name"])[:70]
+      out[name][0] += 1
+      out[name][1] += e.get("dur", 0)
+  return out
+
+
+def main():
+  for spec in decode.specs_named(sys.argv[1] if len(sys.argv) > 1 else "1 x 128k,8 x 32k"):
+    q, caches = decode._inputs(spec)
+    consts = caches["dense"]
+    impls = decode._impls(spec)
+    for name in ("jaxcraft", "cudnn"):
+      t = ChainTimer(impls[name][0], q, *consts, **decode.CHAIN)
+      for length, fn, steps in (("short", t._short_fn, t.short), ("long", t._long_fn, t.long)):
+        events = host_events(fn, q, consts)
+        print(f"{spec.name} {name} {length} chain ({steps} steps): host calls (count, total us)",
+              flush=True)
+        for k, (n, us) in sorted(events.items(), key=lambda kv: -kv[1][1]):
+          if LAUNCHES.search(k):
+            print(f"   {n:5d} x {us:9.1f} us  {k}")
+
+
+if __name__ == "__main__":
+  main()
