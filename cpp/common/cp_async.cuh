@@ -21,16 +21,6 @@ __device__ __forceinline__ void cp_async_zfill(uint32_t dst, const void* src, in
                "r"(src_bytes));
 }
 
-// Starts fetching `bytes` (a multiple of 16, from a 16-byte aligned address)
-// into L2, nothing returned (sm_90+; no-op before). Always safe: L2 is where
-// every SM's loads and stores meet, so a line written after the prefetch
-// is read fresh.
-__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-#endif
-}
-
 // src_ok = false: 16 zero bytes, nothing read.
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool src_ok = true) {
   cp_async_zfill(dst, src, src_ok ? kCpAsyncBytes : 0);

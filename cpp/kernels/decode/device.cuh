@@ -30,7 +30,6 @@ struct DecodeArgs {
   FastDivmod page_size;        // key position -> (logical page, row in page)
   int page_shift = 0;          // log2(page_size) where it is a power of two
   FastDivmod group;            // query row r -> (token t, head in group g), r = t * G + g
-  int first_wave = 0;          // CTAs resident at once: the ones that may start early
 };
 
 __device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -42,9 +41,9 @@ struct SeqSpan {
   int span_begin;
 };
 
-// `len`: kv_lengths[b] as read.
-__device__ __forceinline__ SeqSpan seq_span_of(const DecodeParams& p, int64_t len) {
+__device__ __forceinline__ SeqSpan seq_span(const DecodeParams& p, int b) {
   const int64_t capacity = p.max_pages * p.page_size;
+  int64_t len = p.kv_lengths[b];
   len = len < 0 ? 0 : (len > capacity ? capacity : len);
   int64_t begin = 0;
   if (p.window_left >= 0) {
@@ -52,10 +51,6 @@ __device__ __forceinline__ SeqSpan seq_span_of(const DecodeParams& p, int64_t le
     begin = begin < 0 ? 0 : begin;
   }
   return {static_cast<int>(len), static_cast<int>(begin)};
-}
-
-__device__ __forceinline__ SeqSpan seq_span(const DecodeParams& p, int b) {
-  return seq_span_of(p, p.kv_lengths[b]);
 }
 
 // Tiles [begin, end) of kBlockN keys that split `split` of num_splits owns:

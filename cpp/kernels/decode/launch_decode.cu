@@ -81,8 +81,7 @@ cudaError_t run(const DecodeParams& p, void (*kernel)(DecodeArgs), size_t smem,
   int64_t keys = p.capacity();  // the longest key span a query group can see
   if (p.window_left >= 0) keys = std::min(keys, p.seqlen_q + p.window_left);
   const bool have_scratch = p.partial_o != nullptr && p.partial_lse != nullptr;
-  a.first_wave = sms * per_sm;
-  a.num_splits = choose_splits(ctas, keys, a.first_wave, have_scratch ? p.max_splits : 1);
+  a.num_splits = choose_splits(ctas, keys, sms * per_sm, have_scratch ? p.max_splits : 1);
 
   const int64_t grid = ctas * a.num_splits;
   if (grid <= 0) return cudaSuccess;

@@ -118,24 +118,6 @@ __global__ void __launch_bounds__(MmaConfig<T, kHeadDim>::kThreads, 1)
   const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
   const int seq_row0 = b * static_cast<int>(p.page_size);  // contiguous: sequence b's first row
 
-  // Launched as a dependent (launch_decode.cu), a CTA of the first wave may
-  // start while the kernel before it still runs: meanwhile L2 fetches the
-  // K/V rows of the tiles the prologue will load (contiguous caches; a paged
-  // one would need its table). That kernel may still write the length read
-  // here (.cg: not kept in L1): it only aims the prefetch, which reads
-  // nothing stale. Later waves skip it: they start after that kernel, and
-  // the length's round trip would only delay them (256 x 1k: 1% slower).
-  if (kLayout == KvLayout::kContiguous && chunk == 0 && blockIdx.x < a.first_wave) {
-    const SeqSpan guess = seq_span_of(p, __ldcg(p.kv_lengths + b));
-    int first, end;
-    split_tiles<kBlockN>(guess, split, a.num_splits, first, end);
-    const int j_end = min(min(end, first + kStages - 1) * kBlockN, guess.length);
-    for (int j = first * kBlockN + tid; j < j_end; j += Cfg::kThreads) {
-      const int64_t off = static_cast<int64_t>(seq_row0 + j) * kv_row_elems;
-      prefetch_l2(k + off, head_dim * sizeof(T));
-      prefetch_l2(v + off, head_dim * sizeof(T));
-    }
-  }
   // Every global access below waits for the kernel before it; the combine
   // may begin launching at once.
   wait_for_prior_grid();
