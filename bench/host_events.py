@@ -10,15 +10,12 @@ trace of one call of each chain. Shows whether a chain runs as a CUDA graph
 from __future__ import annotations
 
 import collections
-import glob
-import gzip
-import json
-import os
 import re
 import sys
 import tempfile
 
 import jax
+from kernel_trace import trace_events
 from timing import ChainTimer
 
 import decode
@@ -29,12 +26,10 @@ LAUNCHES = re.compile(r"Launch|command_buffer|Thunk")
 
 def host_events(fn, q, consts):
   """(name -> [count, total us]) of every host-thread event in one traced call."""
-  jax.block_until_ready(fn(q, *consts))
+  run_once = lambda: jax.block_until_ready(fn(q, *consts))
+  run_once()  # compile + warm up outside the trace
   with tempfile.TemporaryDirectory() as trace_dir:
-    with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
-      jax.block_until_ready(fn(q, *consts))
-    path = glob.glob(os.path.join(trace_dir, "**", "perfetto_trace.json.gz"), recursive=True)[0]
-    events = json.load(gzip.open(path))["traceEvents"]
+    events = trace_events(run_once, trace_dir)
   procs = {e["pid"]: str(e.get("args", {}).get("name", "")) for e in events
            if e.get("ph") == "M" and e["name"] == "process_name"}
   out = collections.defaultdict(lambda: [0, 0.0])

@@ -22,17 +22,22 @@ def profile_once(run_once):
   cuda.cuProfilerStop()
 
 
-def trace_kernels(run_once, trace_dir: str, steps: int = 3):
-  """Traces `steps` calls of `run_once` (which blocks until its step is done; warm it up
-  first). Per step: GPU time per kernel name [(name, us, calls)], largest first; the device
-  span (first kernel's start to last kernel's end) in us; idle gaps {(kernel before, kernel
-  after): us}."""
+def trace_events(run_once, trace_dir: str, steps: int = 1):
+  """The Perfetto trace events of `steps` calls of `run_once` (which blocks until its step
+  is done; warm it up first), traced into `trace_dir`."""
   with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
     for _ in range(steps):
       run_once()
   path = sorted(glob.glob(os.path.join(trace_dir, "**", "perfetto_trace.json.gz"),
                           recursive=True))[-1]
-  events = json.load(gzip.open(path))["traceEvents"]
+  return json.load(gzip.open(path))["traceEvents"]
+
+
+def trace_kernels(run_once, trace_dir: str, steps: int = 3):
+  """Traces `steps` calls of `run_once` (see trace_events). Per step: GPU time per kernel
+  name [(name, us, calls)], largest first; the device span (first kernel's start to last
+  kernel's end) in us; idle gaps {(kernel before, kernel after): us}."""
+  events = trace_events(run_once, trace_dir, steps)
   names = {(e["pid"], e.get("tid"), e["name"]): str(e.get("args", {}).get("name", ""))
            for e in events if e.get("ph") == "M"}
   gpu = {pid for (pid, _, kind), name in names.items() if kind == "process_name" and "GPU" in name}
