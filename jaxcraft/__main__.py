@@ -1,7 +1,8 @@
 """`python -P -m jaxcraft`: a self-check to run first.
 
-Prints the backend and, for each op, its largest error against the pure-JAX
-reference (computed in float32) and its time against the pure-JAX version.
+Prints the backend, which kernels this installation has and, for each op, its
+largest error against the pure-JAX reference (computed in float32) and its
+speed against the pure-JAX version, with the spread of that ratio.
 """
 
 from __future__ import annotations
@@ -17,22 +18,34 @@ from jaxcraft import _ffi
 from jaxcraft.ops import norm as norm_ops
 
 
-def _time_pair(fns, args, reps=20, warmup=3):
-  """Median seconds per call of each function, their calls taken in turn:
-  on a shared or few-core machine the speed drifts over a second (the first
-  function timed alone read 3-4x slow on a 2-core development machine), and
-  alternating calls give both the same conditions."""
+# Speed ratios above this relative spread (interquartile range over median)
+# are flagged: the machine's speed moved while the pair was timed.
+NOISY_SPREAD = 0.2
+
+
+def _speedup(fns, args, rounds=41, warmup=3):
+  """Median ms per call of (ours, reference), and the median and quartiles
+  of the per-round ratio reference/ours.
+
+  Each round times one call of each, in alternating order: on a shared or
+  few-core machine the speed drifts within a second (3-4x between runs on a
+  2-core machine), and a ratio taken within one round cancels the drift that
+  separate medians would not.
+  """
   fns = [jax.jit(fn) for fn in fns]
   for fn in fns:
     for _ in range(warmup):
       jax.block_until_ready(fn(*args))
-  times = [[] for _ in fns]
-  for _ in range(reps):
-    for fn, ts in zip(fns, times):
+  times = np.zeros((rounds, 2))
+  for r in range(rounds):
+    for i in ((0, 1) if r % 2 == 0 else (1, 0)):
       t0 = time.perf_counter()
-      jax.block_until_ready(fn(*args))
-      ts.append(time.perf_counter() - t0)
-  return [float(np.median(ts)) for ts in times]
+      jax.block_until_ready(fns[i](*args))
+      times[r, i] = time.perf_counter() - t0
+  ratios = times[:, 1] / times[:, 0]
+  q1, median, q3 = np.percentile(ratios, [25, 50, 75])
+  ours_ms, ref_ms = np.median(times, axis=0) * 1e3
+  return ours_ms, ref_ms, median, q1, q3
 
 
 def _max_err(a, b):
@@ -65,20 +78,31 @@ def main():
   built = ", ".join(sorted(_ffi.kernel_platforms())) or "none"
   print(f"jaxcraft {jaxcraft.__version__} | jax {jax.__version__} | backend {device.platform} "
         f"({device.device_kind}) | kernels built for: {built}")
-  if _ffi.extension_error():
+  if device.platform == "gpu" and not _ffi.has_kernels("cuda"):
+    print(f"WARNING: {_ffi.cuda_kernels_missing()}")
+  elif _ffi.extension_error():
     print(f"WARNING: the compiled extension did not load: {_ffi.extension_error()}")
   dtype = jnp.bfloat16 if device.platform == "gpu" else jnp.float32
-  print(f"\n{'op':32s} {'dtype':9s} {'max |err|':>10s} {'jaxcraft':>11s} {'pure JAX':>11s}")
+  print(f"\n{'op':32s} {'dtype':9s} {'max |err|':>10s} {'jaxcraft':>11s} {'pure JAX':>11s}"
+        f" {'speedup (quartiles)':>22s}")
+  noisy = False
   for name, ours, ref, args in _cases(dtype):
     up = [a.astype(jnp.float32) for a in args]
     with jax.default_matmul_precision("highest"):
       expected = jax.jit(ref)(*up)
     err = _max_err(jax.jit(ours)(*args), expected)
-    t_ours, t_ref = _time_pair((ours, ref), args)
-    print(f"{name:32s} {jnp.dtype(dtype).name:9s} {err:10.2e} {t_ours * 1e3:8.3f} ms "
-          f"{t_ref * 1e3:8.3f} ms")
-  print("\nErrors are against the pure-JAX reference on float32 inputs; "
-        "times are medians of 20 jitted calls, the two taken in turn.")
+    ours_ms, ref_ms, ratio, q1, q3 = _speedup((ours, ref), args)
+    flag = "  noisy" if (q3 - q1) / ratio > NOISY_SPREAD else ""
+    noisy |= bool(flag)
+    print(f"{name:32s} {jnp.dtype(dtype).name:9s} {err:10.2e} {ours_ms:8.3f} ms "
+          f"{ref_ms:8.3f} ms {ratio:7.2f}x ({q1:.2f}-{q3:.2f}){flag}")
+  print("\nErrors are against the pure-JAX reference on float32 inputs. Times are medians "
+        "of 41 jitted calls of each, taken in turn; the speedup is the median of the "
+        "per-round ratios.")
+  if noisy:
+    print(f"'noisy': the ratio's quartiles spread by more than {NOISY_SPREAD:.0%} of it; the "
+          "machine's speed changed while it was timed (other load, few cores). Rerun on an "
+          "idle machine to compare speeds.")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import warnings
 
 import jax
 
@@ -10,7 +11,8 @@ import jax
 _LOWERING_PLATFORM = {"cpu": "cpu", "CUDA": "cuda"}
 
 # The FFI targets cpp/module.cc registers, on every platform it builds for.
-# Names are an ABI (DESIGN.md rule 5): exported artifacts refer to them.
+# Names are an ABI: exported artifacts refer to them, so a changed signature
+# gets a new name (docs/design.md).
 NORM_FWD = "jaxcraft_norm_fwd"
 NORM_BWD = "jaxcraft_norm_bwd"
 ATTENTION_FWD = "jaxcraft_attention_fwd_v3"
@@ -58,7 +60,34 @@ def kernel_platforms() -> frozenset[str]:
 
 
 def has_kernels(platform: str) -> bool:
-  return platform in kernel_platforms()
+  """Whether jaxcraft's kernels for `platform` are built and registered.
+
+  Asked when an op lowers for a platform: a GPU computation lowered without
+  the CUDA kernels warns once (`cuda_kernels_missing`), since every op then
+  runs its pure-JAX reference.
+  """
+  built = platform in kernel_platforms()
+  if platform == "cuda" and not built:
+    _warn_cuda_kernels_missing()
+  return built
+
+
+def cuda_kernels_missing() -> str:
+  """Why this installation has no CUDA kernels, and how to get them."""
+  why = extension_error()
+  reason = (f"the compiled extension failed to import ({why})" if why else
+            "jaxcraft was built without them: no CUDA compiler was found when it was installed")
+  return (f"jaxcraft's CUDA kernels are not available: {reason}. Every jaxcraft op runs its "
+          "pure-JAX reference on the GPU. To build them, reinstall jaxcraft on this machine "
+          "with JAX's CUDA 13 plugin installed (pip install 'jax[cuda13]'; the build then "
+          "fetches CUDA 13's compiler wheels) or with a CUDA toolkit's nvcc on PATH, e.g. "
+          "JAXCRAFT_ENABLE_CUDA=ON pip install --force-reinstall --no-deps <jaxcraft source>; "
+          "or install a jaxcraft wheel built with CUDA.")
+
+
+@functools.cache
+def _warn_cuda_kernels_missing() -> None:
+  warnings.warn(cuda_kernels_missing(), RuntimeWarning, stacklevel=3)
 
 
 def extension_error() -> str | None:

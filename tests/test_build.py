@@ -1,6 +1,8 @@
 """The installed package carries its compiled kernels (catches a source tree
 shadowing the install, or a build that silently dropped the extension)."""
 
+import warnings
+
 import jax
 import pytest
 
@@ -16,3 +18,21 @@ def test_cpu_kernels_built():
 def test_cuda_kernels_built():
   assert _ffi.has_kernels("cuda")
   assert jax.devices("gpu")
+
+
+def test_gpu_lowering_without_cuda_kernels_warns_once(monkeypatch):
+  """A CPU-only build used on a GPU says so, once, instead of silently
+  running every op's pure-JAX reference."""
+  import jax.numpy as jnp
+  import jaxcraft
+
+  monkeypatch.setattr(_ffi, "kernel_platforms", lambda: frozenset({"cpu"}))
+  _ffi._warn_cuda_kernels_missing.cache_clear()
+  x = jnp.ones((4, 128), jnp.float32)
+  export = lambda: jax.export.export(jax.jit(jaxcraft.rms_norm), platforms=["cuda"])(x)
+  with pytest.warns(RuntimeWarning, match="CUDA kernels are not available.*pip install"):
+    export()
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    export()  # once per process
+  _ffi._warn_cuda_kernels_missing.cache_clear()

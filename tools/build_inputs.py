@@ -86,7 +86,11 @@ def cuda_toolkit(dest: pathlib.Path) -> pathlib.Path | None:
   except importlib.metadata.PackageNotFoundError:
     return None
   root = _mirror(files, dest, _versions(CUDA_WHEELS))
-  (root / "bin" / "nvcc").chmod(0o755)
+  # The runtime wheel ships libcudart.so.13 alone; CMake's FindCUDAToolkit
+  # looks for the development name a toolkit has beside it.
+  cudart = root / "lib" / "libcudart.so"
+  if not cudart.exists():
+    cudart.symlink_to(f"libcudart.so.{CUDA_WHEELS_MAJOR}")
   return root
 
 
