@@ -3,7 +3,7 @@ vs cuDNN vs XLA vs Pallas' GPU decode kernel, against the copy ceiling.
 
 One new token (Tq = 1), 32 query / 8 KV heads, head dim 128, bf16, every
 sequence at its full length; rows B x S in 1 x 128k, 8 x 32k, 64 x 4k,
-256 x 1k. The paged caches have 64-row pages (the issue's) and 16-row pages
+256 x 1k. The paged caches have 64-row pages and 16-row pages
 (vLLM's default), each in a shuffled block table. The
 minimum traffic is K and V read once: 2 B S K D bytes (q and the output are
 B N D each, < 0.01% here). JAXCRAFT_BENCH_SMOKE=1: tiny shapes (CPU plumbing
@@ -42,7 +42,9 @@ class DecodeSpec:
   @property
   def name(self) -> str:
     s = f"{self.seqlen // 1024}k" if self.seqlen >= 1024 else str(self.seqlen)
-    return f"{self.batch} x {s}"
+    heads = "" if (self.heads, self.kv_heads, self.head_dim) == (32, 8, 128) else \
+        f" {self.heads}/{self.kv_heads}x{self.head_dim}"
+    return f"{self.batch} x {s}{heads}"
 
   def kv_bytes(self, itemsize: int) -> int:
     """K and V read once: 2 B S K D elements."""
@@ -60,6 +62,14 @@ def specs_named(names: str):
   """The benchmark rows named in a comma-separated list ("1 x 128k,8 x 32k"); all when empty."""
   wanted = [n for n in names.split(",") if n]
   return [s for s in DECODE_SPECS if not wanted or s.name in wanted]
+
+
+def specs_from_env():
+  """Rows from JAXCRAFT_BENCH_DECODE_SHAPES, "B:S:N:K:D,..." (batch, cache
+  length, query heads, KV heads, head dim), contiguous caches only: the
+  short caches and small batches of token-by-token generation."""
+  rows = [r for r in os.environ.get("JAXCRAFT_BENCH_DECODE_SHAPES", "").split(",") if r]
+  return [DecodeSpec(*map(int, r.split(":")), page_sizes=()) for r in rows]
 
 
 def _inputs(spec):
@@ -85,7 +95,7 @@ def _impls(spec):
   """name -> (step(q, *consts) -> q', which cache's consts, is a custom call)."""
   paged = lambda q, k, v, n, t: jaxcraft.decode_attention(q, k, v, n, block_tables=t)
   impls = {"jaxcraft": (lambda q, k, v, n: jaxcraft.decode_attention(q, k, v, n), "dense", True)}
-  for size in spec.page_sizes:  # the issue's 64-row pages keep the name "jaxcraft-paged"
+  for size in spec.page_sizes:  # 64-row pages keep the plain name "jaxcraft-paged"
     impls["jaxcraft-paged" if size == 64 else f"jaxcraft-paged{size}"] = (paged, f"paged{size}", True)
   impls.update({
       "cudnn": (lambda q, k, v, n: jax.nn.dot_product_attention(
@@ -108,7 +118,7 @@ def _impls(spec):
 
 def run(bandwidth: float, specs=None):
   smoke = bool(os.environ.get("JAXCRAFT_BENCH_SMOKE"))
-  specs = specs or (DECODE_SMOKE_SPECS if smoke else DECODE_SPECS)
+  specs = specs or specs_from_env() or (DECODE_SMOKE_SPECS if smoke else DECODE_SPECS)
   rows = []
   for spec in specs:
     q, caches = _inputs(spec)

@@ -60,16 +60,7 @@ def kernel_platforms() -> frozenset[str]:
 
 
 def has_kernels(platform: str) -> bool:
-  """Whether jaxcraft's kernels for `platform` are built and registered.
-
-  Asked when an op lowers for a platform: a GPU computation lowered without
-  the CUDA kernels warns once (`cuda_kernels_missing`), since every op then
-  runs its pure-JAX reference.
-  """
-  built = platform in kernel_platforms()
-  if platform == "cuda" and not built:
-    _warn_cuda_kernels_missing()
-  return built
+  return platform in kernel_platforms()
 
 
 def cuda_kernels_missing() -> str:
@@ -86,8 +77,10 @@ def cuda_kernels_missing() -> str:
 
 
 @functools.cache
-def _warn_cuda_kernels_missing() -> None:
-  warnings.warn(cuda_kernels_missing(), RuntimeWarning, stacklevel=3)
+def warn_cuda_kernels_missing() -> None:
+  """Warns once per process (an op lowering for a GPU without the CUDA
+  kernels: every jaxcraft op then runs its pure-JAX reference)."""
+  warnings.warn(cuda_kernels_missing(), RuntimeWarning, stacklevel=2)
 
 
 def extension_error() -> str | None:

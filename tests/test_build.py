@@ -27,7 +27,7 @@ def test_gpu_lowering_without_cuda_kernels_warns_once(monkeypatch):
   import jaxcraft
 
   monkeypatch.setattr(_ffi, "kernel_platforms", lambda: frozenset({"cpu"}))
-  _ffi._warn_cuda_kernels_missing.cache_clear()
+  _ffi.warn_cuda_kernels_missing.cache_clear()
   x = jnp.ones((4, 128), jnp.float32)
   export = lambda: jax.export.export(jax.jit(jaxcraft.rms_norm), platforms=["cuda"])(x)
   with pytest.warns(RuntimeWarning, match="CUDA kernels are not available.*pip install"):
@@ -35,4 +35,4 @@ def test_gpu_lowering_without_cuda_kernels_warns_once(monkeypatch):
   with warnings.catch_warnings():
     warnings.simplefilter("error")
     export()  # once per process
-  _ffi._warn_cuda_kernels_missing.cache_clear()
+  _ffi.warn_cuda_kernels_missing.cache_clear()

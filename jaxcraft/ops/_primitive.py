@@ -85,6 +85,8 @@ def kernel_primitive(name: str, *, target: str, abstract_eval: Callable,
           f"implementation={implementation!r} was requested, but this "
           f"computation is being compiled for {platform}")
     why = unsupported(platform, ctx.avals_in, **params) if unsupported else None
+    if not _ffi.has_kernels(platform) and platform == "cuda":
+      _ffi.warn_cuda_kernels_missing()
     if _ffi.has_kernels(platform) and why is None:
       return jax.ffi.ffi_lowering(target)(ctx, *args, **ffi_attrs(**params))
     if implementation == platform:

@@ -2,7 +2,7 @@
 
 Flow: `layer_norm` / `rms_norm` (checks, custom_vjp) -> `_fwd_p` / `_bwd_p`
 (partitioned primitives: batching, sharding) -> `_fwd_kernel_p` /
-`_bwd_kernel_p` (FFI targets `jaxcraft_norm_fwd` / `jaxcraft_norm_bwd`,
+`_bwd_kernel_p` (FFI targets `_ffi.NORM_FWD` / `_ffi.NORM_BWD`,
 cpp/ffi/norm.cc).
 """
 
@@ -99,10 +99,29 @@ def _fwd_kernel_reference(x, residual, scale, bias, *, rms, epsilon, implementat
   return y, (h if _present(residual) else _empty(x.dtype)), (_empty() if rms else mean), rstd
 
 
+# implementation=None on a GPU runs XLA's norm for fewer rows than this: there
+# a custom call costs a launch and keeps XLA from fusing the norm with the
+# residual add and the elementwise ops beside it, which outweighs the kernel's
+# bandwidth (a decode step normalizes one row per sequence). The crossover is
+# measured between matmuls, as in a model: `python bench/run.py --ops norm_rows`
+# (docs/benchmarks.md, "Norms between matmuls").
+CUDA_KERNEL_MIN_ROWS = 1024
+
+
+def _policy(platform, avals_in, *, implementation, **_):
+  """Why implementation=None runs the reference here, or None (run the kernel)."""
+  rows = math.prod(avals_in[0].shape[:-1])
+  if implementation is None and platform == "cuda" and rows < CUDA_KERNEL_MIN_ROWS:
+    return (f"the implementation=None policy runs XLA's norm for {rows} rows on cuda "
+            f"(the kernel from {CUDA_KERNEL_MIN_ROWS})")
+  return None
+
+
 _fwd_kernel_p = _primitive.kernel_primitive(
     "jaxcraft_norm_fwd_kernel", target=_ffi.NORM_FWD,
     abstract_eval=_fwd_kernel_abstract, reference=_fwd_kernel_reference,
-    ffi_attrs=lambda *, rms, epsilon, implementation: dict(rms=rms, epsilon=np.float32(epsilon)))
+    ffi_attrs=lambda *, rms, epsilon, implementation: dict(rms=rms, epsilon=np.float32(epsilon)),
+    unsupported=_policy)
 
 
 def _bwd_kernel_abstract(dy, h, scale, mean, rstd, dh_extra, *, rms, num_partials,
@@ -135,7 +154,7 @@ def _bwd_kernel_reference(dy, h, scale, mean, rstd, dh_extra, *, rms, num_partia
 _bwd_kernel_p = _primitive.kernel_primitive(
     "jaxcraft_norm_bwd_kernel", target=_ffi.NORM_BWD,
     abstract_eval=_bwd_kernel_abstract, reference=_bwd_kernel_reference,
-    ffi_attrs=lambda *, rms, implementation, **_: dict(rms=rms))
+    ffi_attrs=lambda *, rms, implementation, **_: dict(rms=rms), unsupported=_policy)
 
 # Rows per partial sum of dscale/dbias: the partial rows are written and read
 # once more, 16 bytes per column each, so 32+ rows per partial keeps that
@@ -412,12 +431,35 @@ def _apply(x, scale, bias, residual, epsilon, rms, implementation, reference):
 
 
 def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, residual=None, implementation=None):
-  """Layer norm over the last axis; statistics in float32; output in x.dtype.
+  """Layer norm over the last axis, with an optional fused residual add.
 
-  With `residual`, computes h = x + residual (in x.dtype) and returns
-  (layer_norm(h), h) from one kernel: the pre-norm transformer's add + norm.
-  `implementation`: None (kernel where built, else the reference), "cuda",
-  "cpu" (force the kernel) or "xla" (the pure-JAX reference).
+  y = (h - mean(h)) / sqrt(var(h) + epsilon) * scale + bias over the last
+  axis, statistics in float32, where h = x, or h = x + residual (added in
+  x.dtype) with `residual`: the pre-norm transformer's add + norm in one
+  kernel. Differentiable in x, scale, bias and residual.
+
+  Args:
+    x: [..., C] float32, bfloat16 or float16 (at least one axis).
+    scale: optional floating [C]; None means ones.
+    bias: optional floating [C]; None means zeros.
+    epsilon: Python float >= 0 (static), added to the variance.
+    residual: optional floating array of x's shape, cast to x.dtype.
+    implementation: None lets jaxcraft choose for the platform being
+      compiled for (its kernel where built, or the pure-JAX reference);
+      "cuda" or "cpu" forces that kernel; "xla" runs the pure-JAX reference
+      (`layer_norm_reference`).
+
+  Returns:
+    y, x's shape and dtype; with `residual`, the pair (y, h), both of x's
+    shape and dtype.
+
+  Raises:
+    TypeError: x is not float32, bfloat16 or float16; scale, bias or
+      residual is not a floating array; epsilon is traced or not a float.
+    ValueError: x is a scalar; scale or bias is not [C]; residual does not
+      have x's shape; epsilon < 0; `implementation` is unknown, names
+      kernels this build lacks, or names a platform other than the one
+      being compiled for.
   """
   x, scale, bias, residual, epsilon = _checked(x, scale, bias, residual,
                                                epsilon, implementation)
@@ -425,10 +467,27 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, residual=None, impleme
 
 
 def rms_norm(x, scale=None, *, epsilon=1e-6, residual=None, implementation=None):
-  """RMS norm over the last axis; statistics in float32; output in x.dtype.
+  """RMS norm over the last axis, with an optional fused residual add.
 
-  With `residual`, returns (rms_norm(x + residual), x + residual). See
-  `layer_norm` for `implementation`.
+  y = h / sqrt(mean(h^2) + epsilon) * scale over the last axis, statistics
+  in float32, where h = x, or h = x + residual (added in x.dtype) with
+  `residual`. Differentiable in x, scale and residual.
+
+  Args:
+    x: [..., C] float32, bfloat16 or float16 (at least one axis).
+    scale: optional floating [C]; None means ones.
+    epsilon: Python float >= 0 (static), added to the mean square.
+    residual: optional floating array of x's shape, cast to x.dtype.
+    implementation: as in `layer_norm` (the reference is
+      `rms_norm_reference`).
+
+  Returns:
+    y, x's shape and dtype; with `residual`, the pair (y, h), both of x's
+    shape and dtype.
+
+  Raises:
+    TypeError: as `layer_norm`.
+    ValueError: as `layer_norm`.
   """
   x, scale, _, residual, epsilon = _checked(x, scale, None, residual,
                                             epsilon, implementation)

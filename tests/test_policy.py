@@ -1,0 +1,38 @@
+"""What implementation=None lowers to on a GPU, per shape class: the policy
+tables' choices reach the compiled program (checked by lowering for CUDA,
+which needs no GPU, only the CUDA build)."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jaxcraft
+from jaxcraft import _ffi
+from jaxcraft.ops import norm as norm_ops
+
+needs_cuda_build = pytest.mark.skipif("cuda" not in _ffi.kernel_platforms(),
+                                      reason="needs the CUDA build (lowering only, no GPU)")
+
+
+def _cuda_hlo(fn, *args):
+  return jax.export.export(jax.jit(fn), platforms=["cuda"],
+                           disabled_checks=jaxcraft.EXPORT_DISABLED_CHECKS)(*args).mlir_module()
+
+
+@needs_cuda_build
+@pytest.mark.parametrize("rows,kernel", [(1, False), (norm_ops.CUDA_KERNEL_MIN_ROWS - 1, False),
+                                         (norm_ops.CUDA_KERNEL_MIN_ROWS, True)])
+def test_norm_policy_by_rows(rows, kernel):
+  x = jnp.ones((rows, 256), jnp.bfloat16)
+  s = jnp.ones((256,), jnp.float32)
+  fwd = lambda x: jaxcraft.rms_norm(x, s, residual=x)
+  grad = jax.grad(lambda x: jaxcraft.layer_norm(x, s).astype(jnp.float32).sum())
+  assert (_ffi.NORM_FWD in _cuda_hlo(fwd, x)) == kernel
+  hlo = _cuda_hlo(grad, x)
+  assert (_ffi.NORM_FWD in hlo, _ffi.NORM_BWD in hlo) == (kernel, kernel)
+
+
+@needs_cuda_build
+def test_forced_kernel_ignores_the_policy():
+  x = jnp.ones((1, 256), jnp.bfloat16)
+  assert _ffi.NORM_FWD in _cuda_hlo(lambda x: jaxcraft.rms_norm(x, implementation="cuda"), x)
