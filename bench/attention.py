@@ -14,17 +14,16 @@ import jaxcraft
 from specs import ATTENTION_SPECS, AttentionSpec
 from timing import GRAPH_STEPS, ChainTimer, time_interleaved
 
-# JAXCRAFT_BENCH_DTYPE=float16: the sweep in float16 (issue 5 asks for both 16-bit types).
+# JAXCRAFT_BENCH_DTYPE=float16: the sweep in float16 (both 16-bit types are supported).
 DTYPE = jnp.dtype(os.environ.get("JAXCRAFT_BENCH_DTYPE", "bfloat16"))
 # Chain pairs timed per cell, in turn with the other implementations
 # (JAXCRAFT_BENCH_REPEATS overrides). Under the H100's power cap single
 # samples of one kernel spread by +-5% (clocks 1470-1980 MHz); with the
-# median of three, cells of unchanged kernels moved by 5-10% between sweeps
-# (bench/NOTES.md, thirty-ninth session).
+# median of three, cells of unchanged kernels moved by 5-10% between sweeps.
 REPEATS = 9
 # Chain lengths (timing.ChainTimer): the short chain long enough for XLA to
-# run cuDNN's calls as a CUDA graph (timing.GRAPH_STEPS; the thirty-ninth
-# session's sweep used 1 step), the long one grown to a 10 ms span.
+# run cuDNN's calls as a CUDA graph (timing.GRAPH_STEPS), the long one grown
+# to a 10 ms span.
 CHAIN = dict(short=GRAPH_STEPS, long=GRAPH_STEPS + 2, reps=3, max_long=GRAPH_STEPS + 64)
 # XLA's attention materializes B x N x S x S logits: skip it past this length.
 XLA_MAX_SEQLEN = 2048
@@ -60,7 +59,7 @@ def _impls(spec):
   if spec.seqlen <= XLA_MAX_SEQLEN:
     impls["xla"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=spec.causal,
                                                                 implementation="xla")
-  # JAXCRAFT_BENCH_IMPLS=jaxcraft,cudnn: re-measure some implementations only.
+  # JAXCRAFT_BENCH_IMPLS=jaxcraft,cudnn: time only these implementations.
   if wanted := os.environ.get("JAXCRAFT_BENCH_IMPLS"):
     impls = {name: fn for name, fn in impls.items() if name in wanted.split(",")}
   return impls

@@ -1,6 +1,6 @@
 """Power, SM clock and energy per step of attention rows run without pause, jaxcraft
 beside cuDNN: for rows whose chain cells trail a profiler trace's kernel times (the
-clock falls under a sustained load; bench/NOTES.md, forty-eighth session).
+clock falls under a sustained load).
 
   python bench/attention_power.py D256S16384 D128S16384 [--mode fwd] [--seconds 6]
     [--rounds 2] [--out power.json]

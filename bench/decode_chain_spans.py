@@ -7,8 +7,8 @@ jaxcraft and cuDNN alternate, in one process.
 
   python bench/decode_chain_spans.py ["1 x 128k,256 x 1k"] [rounds] [short chain length]
 
-(the bench's chains, decode.CHAIN, unless a short length is given: 2 shows
-what the bench measured before timing.GRAPH_STEPS)
+(the bench's chains, decode.CHAIN, unless a short length is given: 2 gives
+chains too short for XLA's CUDA graphs, see timing.GRAPH_STEPS)
 """
 
 from __future__ import annotations

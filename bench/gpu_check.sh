@@ -163,10 +163,9 @@ fi
 if stage bench; then
   step bench python3 bench/run.py --ops "$OPS" --out "$OUT"
 fi
-# The device tool brings back at most 8 files from $OUT (which ones is not
-# ours to choose: the eighteenth session lost a sweep's results.json that
-# way). Past 8, everything goes into one archive, and results.json stays
-# beside it.
+# The device tool brings back at most 8 files from $OUT, and which ones is
+# not ours to choose (a results.json can be left behind). Past 8, everything
+# goes into one archive, and results.json stays beside it.
 files=$(find "$OUT" -type f | wc -l)
 if (( files > 8 )); then
   if tar -czf /tmp/gpu_check_outputs.tgz -C "$OUT" .; then

@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# The peers the GPU machine lacks (tokamax's Mosaic GPU attention,
-# ../shared/PERF.md), as wheels for its Python 3.12, into .whl/ (git-ignored).
+# The peers the GPU machine lacks (tokamax's Mosaic GPU attention), as wheels for its Python 3.12, into .whl/ (git-ignored).
 # Run here, where PyPI is reachable; then carry .whl in the device call:
 # bench/gpu_check.sh installs them before its stages, and bench/attention.py
 # adds a tokamax column when it can import it.

@@ -63,7 +63,7 @@ def _attention_plot(rows, meta, path):
       ax.set_xlabel("sequence length")
       ax.set_ylabel("TFLOP/s")
       ax.legend(fontsize=7)
-  dtypes = "/".join(sorted({r.get("dtype", "bfloat16") for r in rows}))  # rows before the 50th had none
+  dtypes = "/".join(sorted({r.get("dtype", "bfloat16") for r in rows}))  # older result files have no dtype
   fig.suptitle(f"{meta['device']} - {dtypes} - 16k tokens/batch, hidden 2048 - {meta['date']}")
   fig.tight_layout()
   fig.savefig(path, dpi=80)
@@ -90,6 +90,42 @@ def _decode_plot(rows, meta, path):
   plt.close(fig)
 
 
+def _model_plot(rows, meta, path):
+  """bench/model.py: tokens/s of each variant over stock XLA's, per row, one panel per part
+  (generation: per mode)."""
+  def panel(r):
+    return r["part"] if r["part"] != "generate" else f"generate ({r['mode']})"
+
+  def label(r):
+    if r["part"] != "generate":
+      return f"D{r['head_dim']} {r['batch']}x{r['seqlen']}"
+    cache = f"{r['cache'] // 1024}k" if r["cache"] >= 1024 else str(r["cache"])
+    return f"D{r['head_dim']} B{r['batch']} cache {cache}"
+
+  panels = list(dict.fromkeys(panel(r) for r in rows))
+  fig, axes = plt.subplots(len(panels), 1, figsize=(10, 3 * len(panels)), squeeze=False)
+  for ax, name in zip(axes[:, 0], panels):
+    sel = [r for r in rows if panel(r) == name]
+    labels = list(dict.fromkeys(label(r) for r in sel))
+    speed = {(r["variant"], label(r)): r["tokens_per_s"] for r in sel}
+    variants = [v for v in dict.fromkeys(r["variant"] for r in sel) if v != "xla"]
+    width = 0.8 / max(len(variants), 1)
+    for k, variant in enumerate(variants):
+      ax.bar([x + k * width for x in range(len(labels))],
+             [speed[(variant, s)] / speed[("xla", s)] if (variant, s) in speed
+              and ("xla", s) in speed else 0 for s in labels], width, label=f"{variant} / xla")
+    ax.axhline(1.0, color="k", ls="--", lw=1)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(labels))], labels, fontsize=7)
+    ax.set_title(f"decoder {name}")
+    ax.set_ylabel("tokens/s vs stock XLA")
+    ax.legend(fontsize=7)
+  sizes = ", ".join(sorted({f"{r['layers']} layers, d_model {r['d_model']}" for r in rows}))
+  fig.suptitle(f"{meta['device']} - bf16 - {sizes} - {meta['date']}")
+  fig.tight_layout()
+  fig.savefig(path, dpi=80)
+  plt.close(fig)
+
+
 def write_all(results, out: pathlib.Path):
   if "norm" in results:
     _norm_plot(results["norm"], results["meta"], out / "norm.png")
@@ -103,3 +139,5 @@ def write_all(results, out: pathlib.Path):
     _norm_plot(results["embedding"], results["meta"], out / "embedding.png")
   if results.get("softmax"):  # GB/s bars per shape (one row per dtype), as the norms'
     _norm_plot(results["softmax"], results["meta"], out / "softmax.png")
+  if results.get("model"):
+    _model_plot(results["model"], results["meta"], out / "model.png")

@@ -78,8 +78,8 @@ def run(bandwidth: float, specs=None):
           f"{row['gbps']:7.0f} GB/s {row['pct_copy']:5.1f}%", flush=True)
 
   # One untimed cell first: the process's first timed cell (bf16 [16k, 4k]
-  # forward) ran 4-6% slower on the H200 than the same kernel timed later in
-  # the same process (RESULTS.md, thirty-second session).
+  # forward) runs 4-6% slower on the H200 than the same kernel timed later in
+  # the same process.
   warm = jnp.zeros((specs[0].rows, specs[0].cols), DTYPES[0])
   time_step(lambda x: jaxcraft.softmax(x, implementation=_kernel_platform()), warm, repeats=1)
   del warm

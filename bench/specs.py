@@ -1,5 +1,5 @@
-"""Named benchmark shapes; the small ones double as test shapes
-(shared/DESIGN.md rule 8). Byte counts are explicit formulas."""
+"""Named benchmark shapes; the small ones double as test shapes, so that the
+benchmarked shapes are also the tested ones. Byte counts are explicit formulas."""
 
 from __future__ import annotations
 

@@ -34,9 +34,9 @@ MIN_SPAN_S = 0.01
 # The shortest chain of custom calls that XLA runs as one CUDA graph in both
 # chains of a pair: XLA forms a command buffer only from 5 commands on
 # (`--xla_gpu_graph_min_graph_size`), and cuDNN's calls go into one, so a
-# 2-step chain of cuDNN calls ran without a graph (on an H200 its device span
-# held 150 us of launch gaps beside 249 us of kernels, decode 1 x 128k) while
-# the long chain ran in one: the difference then credited cuDNN with the
+# 2-step chain of cuDNN calls runs without a graph (on an H200 its device span
+# holds 150 us of launch gaps beside 249 us of kernels, decode 1 x 128k) while
+# the long chain runs in one: the difference would credit cuDNN with the
 # short chain's launch cost (0.5-1% per step on the decode rows).
 # jaxcraft's handlers are marked command-buffer compatible, and under JAX
 # 0.11.2 its chains run as one graph too (bench/host_events.py: one
@@ -104,9 +104,9 @@ def time_step(step, carry, *consts, repeats=None, **chain) -> float:
   step by more than a few percent.
   `repeats` (default: the JAXCRAFT_BENCH_REPEATS variable, else 3): the
   chain pair is timed this many times and the median step returned. With one
-  timing, single attention cells moved by 5-20% between back-to-back sweeps;
-  the median of three is the default since the twenty-eighth session (the
-  whole 36-row attention sweep against cuDNN then took 129 s on an H200).
+  timing, single attention cells move by 5-20% between back-to-back sweeps;
+  with the median of three the whole 36-row attention sweep against cuDNN
+  takes about 129 s on an H200.
   """
   return time_interleaved({None: ChainTimer(step, carry, *consts, **chain)}, repeats)[None]
 

@@ -1,11 +1,11 @@
-"""Attention variants (issue 6): packed documents with segment ids, and an
+"""Attention variants: packed documents with segment ids, and an
 additive bias with its gradient, against cuDNN (jax.nn) on the same inputs.
 
 Packed: 16k tokens as 8 causal documents of 2k (B=1, N=16, D=128, bf16).
 jaxcraft takes segment ids; cuDNN needs the equivalent dense [1, 1, S, S]
 mask. TFLOP/s count only the visible (unmasked) work, so the plain causal
 kernel on the 8 documents as a batch of 8 (same visible work) is the bar:
-issue 6 asks the packed run for >= 80% of it.
+the packed run's target is >= 80% of it.
 Bias: B=1, N=16, S=4k, D=128, bias [1, N, S, S] bf16, fwd and fwd+bwd
 (dbias included).
 """

@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(256) store_rows_narrow(int4* p, const int* cou
   }
 }
 
-// Phased: the copied rows (every 8th) and the zero rows in separate passes
+// Phased: the copied rows (every eighth) and the zero rows in separate passes
 // (kPhase 1: copies only, 2: zeros only), or in one launch whose first
 // kRows / 8 block-rows copy and the rest write zeros (kPhase 0: copies first,
 // 3: zeros first). One row per 256-thread block, 2 packs per thread.

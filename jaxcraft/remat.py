@@ -36,8 +36,16 @@ save_attention_and_norms = _policies.save_only_these_names(*NAMES)
 
 
 def save_kernel_residuals(base_policy=None, *, norms=True):
-  """A policy saving what `base_policy` saves (e.g. `jax.checkpoint_policies.dots_saveable`;
-  None: nothing) and attention's output and logsumexp, plus the norms' outputs
-  and statistics when `norms`."""
+  """A `jax.checkpoint` policy that also keeps jaxcraft's kernel results.
+
+  Args:
+    base_policy: a policy whose saved values are kept too (e.g.
+      `jax.checkpoint_policies.dots_saveable`); None saves nothing else.
+    norms: also keep the norms' outputs and statistics.
+
+  Returns:
+    A policy saving what `base_policy` saves, attention's output and
+    logsumexp, and with `norms` the norms' outputs and statistics.
+  """
   ours = save_attention_and_norms if norms else save_attention
   return ours if base_policy is None else _policies.save_from_both_policies(base_policy, ours)

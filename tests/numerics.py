@@ -1,4 +1,4 @@
-"""Computed tolerances (shared/DESIGN.md rule 7): the kernel's error against a
+"""Computed tolerances: the kernel's error against a
 float64 reference must be at most ~2x the error of the same math done by the
 pure-JAX reference in the input dtype, plus a tiny absolute slack."""
 

@@ -104,7 +104,7 @@ def _assert_parity(out, lowp, ref, name="out"):
 
 def _check(platform, q, k, v, lengths, **kw):
   """The kernel's error vs a float64 reference is at most ~2x the error of the
-  pure-JAX reference run in the input dtype (shared/DESIGN.md rule 7)."""
+  pure-JAX reference run in the input dtype (tests/numerics.py)."""
   out = _decode(platform, q, k, v, lengths, **kw)
   assert out.shape == q.shape and out.dtype == q.dtype
   _assert_parity(out, _decode("xla", q, k, v, lengths, **kw), _reference64(q, k, v, lengths, **kw))

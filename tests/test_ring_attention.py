@@ -3,10 +3,7 @@ parity with single-device attention (computed tolerances), gradients, causal
 schedules, GQA, segment ids, the zig-zag layout, the collectives in the HLO,
 and sequence-sharded dot_product_attention in a sharded jit.
 
-Shapes stay small: each CPU kernel call runs on one thread. (Larger ones
-once deadlocked the CPU kernels' fork-join on XLA's pool when every pool
-thread was a waiting kernel call; cpp/cpu/parallel.h now has the caller
-claim chunks itself instead of waiting for queued tasks.)"""
+Shapes stay small: each CPU kernel call runs on one thread."""
 
 import functools
 

@@ -1,10 +1,10 @@
 // The tile loops of blocked.h, most of the CPU attention kernels' time.
 // gemm keeps a 4 x 16 block of its result in registers over the whole
 // depth, through GCC's generic vectors (104-118 GFLOP/s on one AVX2 core of
-// the development machine, about its FMA peak; the attention forward and
-// backward became 1.7-2.2x faster, bench/NOTES.md), where one dot product
-// or one y += w x row per (query, key) pair loaded and stored an operand per
-// multiply-add. dot_rows, still the decode kernel's, keeps 8 lanes of
+// a 2-core development machine, about its FMA peak; the attention forward
+// and backward run 1.7-2.2x faster than with one dot product or one
+// y += w x row per (query, key) pair, which loads and stores an operand per
+// multiply-add). dot_rows, the decode kernel's, keeps 8 lanes of
 // partial sums (four keys per pass ran 4x slower: GCC kept the 4 x 8 sums
 // in memory). The selects of max_of vectorize only where compares may not
 // trap (-fno-trapping-math, CMakeLists.txt).

@@ -3,8 +3,7 @@
 // defined), two-pass statistics over the scratch, normalize it in place,
 // store it. The conversions are whole-row calls (cpu/row_convert.h: F16C
 // for float16) and the float loops are compiled for AVX2 + FMA and the
-// baseline (cpu/isa_clones.h): bench/NOTES.md, forty-fifth and forty-sixth
-// sessions.
+// baseline (cpu/isa_clones.h).
 #include "cpu/norm.h"
 
 #include <algorithm>

@@ -3,8 +3,8 @@
 // their rows through these. float16 runs through the F16C conversion
 // instructions, eight elements at a time, where the CPU has them (the
 // integer selects of common/host_float.h, which need ~10 operations per
-// element, left the float16 norms 1.4-2.8x slower than XLA's; bench/NOTES.md,
-// forty-sixth session), and bfloat16 as AVX2 shifts; the baseline otherwise.
+// element, leave the float16 norms 1.4-2.8x slower than XLA's), and bfloat16
+// as AVX2 shifts; the baseline otherwise.
 #pragma once
 #include <cstdint>
 #include <type_traits>

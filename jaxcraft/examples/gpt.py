@@ -41,7 +41,23 @@ EMBED_STD = 0.02  # GPT-2's: with the tied head, initial logits are ~0 and the l
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-  """Model, data and optimizer settings; the defaults train 200 steps on 2 CPU cores in 15-30 s."""
+  """Model, data and optimizer settings; the defaults train 200 steps on 2 CPU cores in 15-30 s.
+
+  Attributes:
+    vocab: vocabulary size.
+    seq_len: model input length (a data sequence has seq_len + 1 tokens).
+    batch: sequences per step.
+    layers: transformer blocks.
+    d_model: model width.
+    heads: attention heads.
+    mlp_hidden: the SwiGLU MLP's hidden width.
+    tied_head: the output head is the transposed token embedding.
+    dtype: activation dtype name, "float32" or "bfloat16"; parameters and
+      Adam state are float32.
+    lr: Adam's learning rate.
+    seed: seed of the initialization and the data.
+    branching: successors of each token in the data's Markov chain.
+  """
   vocab: int = 64
   seq_len: int = 64  # model input length; a sequence carries one more token, the last target
   batch: int = 16
@@ -57,9 +73,22 @@ class Config:
 
 
 class StockBlock(linen.Module):
-  """`jaxcraft.nn.TransformerBlock` built from stock flax.linen parts, with its submodule
-  names, parameter shapes and math: h = x + attention(norm(x)); out = h + mlp(norm(h)),
-  causal through a mask array."""
+  """`jaxcraft.nn.TransformerBlock` built from stock flax.linen parts.
+
+  The same submodule names, parameter shapes and math:
+  h = x + attention(norm(x)); out = h + mlp(norm(h)), causal through a mask
+  array. Called on x [B, T, d_model], returns [B, T, d_model].
+
+  Attributes:
+    num_heads: attention heads.
+    mlp_hidden: the MLP's hidden width.
+    dtype: computation dtype.
+    param_dtype: parameter dtype.
+    norm: the norm module class (`flax.linen.RMSNorm` or
+      `jaxcraft.nn.RMSNorm`).
+    attention_fn: the attention function of
+      `flax.linen.MultiHeadDotProductAttention`.
+  """
   num_heads: int
   mlp_hidden: int
   dtype: Any = None
@@ -79,8 +108,16 @@ class StockBlock(linen.Module):
 
 
 class StockMLP(linen.Module):
-  """`jaxcraft.nn.MLP` (SwiGLU) as stock Flax writes it: the same Dense layers and names, the
-  activation in jax.nn."""
+  """`jaxcraft.nn.MLP` (SwiGLU) as stock Flax writes it.
+
+  The same Dense layers and names, the activation in jax.nn. Called on
+  x [..., d_model], returns [..., d_model].
+
+  Attributes:
+    hidden: the hidden width.
+    dtype: computation dtype.
+    param_dtype: parameter dtype.
+  """
   hidden: int
   dtype: Any = None
   param_dtype: Any = jnp.float32
@@ -94,8 +131,17 @@ class StockMLP(linen.Module):
 
 
 class GPT(linen.Module):
-  """Token + learned position embeddings, `layers` blocks, a final norm, and an output head
-  (the token embedding, transposed, when `tied_head`). tokens [B, T] -> logits [B, T, vocab]."""
+  """Token + learned position embeddings, `layers` blocks, a final norm, an output head.
+
+  Called on int tokens [B, T] (T <= seq_len), returns logits
+  [B, T, vocab] in the config's dtype. The head is the token embedding,
+  transposed, when `tied_head`.
+
+  Attributes:
+    config: the model settings.
+    block: block(name=...) builds one block, [B, T, d_model] -> [B, T, d_model].
+    norm: the final norm's module class.
+  """
   config: Config
   block: Callable[..., linen.Module]  # block(name=...): [B, T, d_model] -> [B, T, d_model]
   norm: Callable[..., linen.Module]  # the final norm's class
@@ -118,8 +164,20 @@ class GPT(linen.Module):
 
 
 def make_model(kind: str, config: Config, attention_fn: Callable | None = None) -> GPT:
-  """The GPT with `kind`'s blocks. `attention_fn` replaces a stock kind's attention function
-  (the benchmark's cuDNN variant)."""
+  """The GPT with `kind`'s blocks.
+
+  Args:
+    kind: "jaxcraft", "flax" or "dropin" (see the module docstring).
+    config: the model settings.
+    attention_fn: replaces a stock kind's attention function (the
+      benchmark's cuDNN variant); None keeps the kind's own.
+
+  Returns:
+    The `GPT` module.
+
+  Raises:
+    ValueError: an unknown `kind`, or `attention_fn` with "jaxcraft".
+  """
   if kind not in KINDS:
     raise ValueError(f"kind must be one of {KINDS}; got {kind!r}")
   if kind == "jaxcraft" and attention_fn is not None:
@@ -143,19 +201,43 @@ def _init_tokens(config: Config):
 
 
 def init_params(config: Config):
-  """One initialization for every kind (their parameter trees are identical)."""
+  """One initialization for every kind (their parameter trees are identical).
+
+  Args:
+    config: the model settings (its seed seeds the initialization).
+
+  Returns:
+    The parameter tree (float32 leaves).
+  """
   model = make_model("flax", config)
   return jax.jit(model.init)(jax.random.key(config.seed), _init_tokens(config))["params"]
 
 
 def param_shapes(model: GPT, config: Config):
-  """The model's parameter tree with (shape, dtype) leaves, without computing anything."""
+  """The model's parameter tree with (shape, dtype) leaves, without computing anything.
+
+  Args:
+    model: a `GPT`.
+    config: its settings.
+
+  Returns:
+    The parameter tree with (shape, dtype) tuples as leaves.
+  """
   tree = jax.eval_shape(model.init, jax.random.key(0), _init_tokens(config))["params"]
   return jax.tree.map(lambda a: (a.shape, a.dtype), tree)
 
 
 def check_params(model: GPT, config: Config, params) -> None:
-  """Raises unless `params` has exactly `model`'s tree, shapes and dtypes."""
+  """Checks that `params` has exactly `model`'s tree, shapes and dtypes.
+
+  Args:
+    model: a `GPT`.
+    config: its settings.
+    params: the parameter tree to check.
+
+  Raises:
+    ValueError: the tree, a shape or a dtype differs.
+  """
   expected = param_shapes(model, config)
   got = jax.tree.map(lambda a: (a.shape, a.dtype), params)
   if got != expected:
@@ -163,8 +245,16 @@ def check_params(model: GPT, config: Config, params) -> None:
 
 
 def make_batches(config: Config, steps: int) -> np.ndarray:
-  """int32 [steps, batch, seq_len + 1]: Markov-chain walks followed by their copies (see the
-  module docstring). The chain depends on the seed only, batch i on the seed and i."""
+  """Training data: Markov-chain walks followed by their copies (see the module docstring).
+
+  Args:
+    config: the data settings (vocab, seq_len, batch, branching, seed). The
+      chain depends on the seed only, batch i on the seed and i.
+    steps: how many batches.
+
+  Returns:
+    int32 [steps, batch, seq_len + 1].
+  """
   rng = np.random.default_rng(config.seed)
   k = config.branching
   successors = np.stack([rng.choice(config.vocab, k, replace=False)
@@ -185,9 +275,17 @@ def make_batches(config: Config, steps: int) -> np.ndarray:
 
 
 def make_train_step(model: GPT, optimizer: optax.GradientTransformation):
-  """Jitted (params, opt_state, tokens [B, T + 1]) -> (params, opt_state, loss): next-token
-  cross-entropy (logits in float32), one optimizer update. Params and optimizer state are
-  donated, so the update happens in place."""
+  """A jitted training step: next-token cross-entropy, one optimizer update.
+
+  Args:
+    model: a `GPT`.
+    optimizer: an optax optimizer.
+
+  Returns:
+    step(params, opt_state, tokens) -> (params, opt_state, loss), with tokens
+    int [B, T + 1] and the loss a float32 scalar (logits cast to float32).
+    Params and optimizer state are donated, so the update happens in place.
+  """
   def loss_fn(params, tokens):
     logits = model.apply({"params": params}, tokens[:, :-1])
     return optax.softmax_cross_entropy_with_integer_labels(
@@ -230,8 +328,24 @@ class _Progress:
 
 def train(kind: str, config: Config, steps: int, *, params=None, batches=None,
           progress: bool = True) -> np.ndarray:
-  """`steps` Adam steps of `kind` from `params` (default `init_params(config)`) on `batches`
-  (default `make_batches(config, steps)`); returns the loss of each step."""
+  """Trains `kind` with Adam.
+
+  Args:
+    kind: "jaxcraft", "flax" or "dropin".
+    config: the model, data and optimizer settings.
+    steps: training steps.
+    params: initial parameters (default `init_params(config)`); the
+      caller's arrays are not donated.
+    batches: int32 [>= steps, batch, seq_len + 1] (default
+      `make_batches(config, steps)`).
+    progress: show a progress bar (tqdm) or periodic loss lines.
+
+  Returns:
+    float32 [steps]: the loss of each step.
+
+  Raises:
+    ValueError: an unknown `kind`, or `params` that do not fit the model.
+  """
   model = make_model(kind, config)
   params = init_params(config) if params is None else params
   check_params(model, config, params)
@@ -253,7 +367,13 @@ def train(kind: str, config: Config, steps: int, *, params=None, batches=None,
 
 
 def plot(curves: dict[str, np.ndarray], path: str, title: str) -> None:
-  """Loss curves as a PNG (needs matplotlib)."""
+  """Writes loss curves as a PNG; prints a note and skips without matplotlib.
+
+  Args:
+    curves: kind -> float losses per step.
+    path: the PNG's path.
+    title: the plot's title.
+  """
   try:
     import matplotlib
   except ImportError:
@@ -296,7 +416,14 @@ def _parse(argv) -> tuple[argparse.Namespace, Config]:
 
 
 def main(argv=None) -> dict[str, np.ndarray]:
-  """Runs the command line; returns the loss curve of each kind trained."""
+  """Runs the command line (see `--help`).
+
+  Args:
+    argv: the arguments (default: sys.argv[1:]).
+
+  Returns:
+    kind -> float32 [steps] loss curve, for each kind trained.
+  """
   args, config = _parse(argv)
   kinds = KINDS if args.compare else (args.model,)
   params = init_params(config)

@@ -21,15 +21,47 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
                           attn_weights_value_einsum=None, *, is_causal=False):
   """Drop-in for `flax.linen.dot_product_attention`, run by the jaxcraft kernel.
 
-  Inputs [batch..., length, heads, depth]; `mask` (bool or Flax's float 0/1)
-  and `bias` broadcastable to [batch..., heads, q_length, kv_length]; key and
-  value may have fewer heads than query (GQA). Softmax is always computed in
-  float32 (as with `force_fp32_for_softmax=True`). `is_causal` (keyword, an
-  extension) masks future keys without a mask array. Dropout runs in the
-  kernel (its own random stream: `jaxcraft.attention_dropout_mask`). Calls
-  that need the attention weights themselves (`module` to sow them, custom
-  einsums or `precision`) run Flax's own implementation. A query whose keys
-  are all masked gives zeros, where Flax gives the mean of the values.
+  Pass it as `attention_fn=` of `flax.linen.MultiHeadDotProductAttention`.
+  Softmax is always computed in float32 (as with
+  `force_fp32_for_softmax=True`). Calls that need the attention weights
+  themselves (`module` to sow them, custom einsums or `precision`) run
+  Flax's own implementation. A query whose keys are all masked gives zeros,
+  where Flax gives the mean of the values.
+
+  Args:
+    query: [batch..., q_length, heads, depth] float32, bfloat16 or float16
+      (after promotion to `dtype`).
+    key: [batch..., kv_length, kv_heads, depth]; heads must be a multiple
+      of kv_heads (grouped-query attention).
+    value: key's shape.
+    bias: optional, broadcastable to [batch..., heads, q_length, kv_length].
+    mask: optional bool or Flax's float 0/1 (nonzero = attend),
+      broadcastable to [batch..., heads, q_length, kv_length].
+    broadcast_dropout: one dropout mask for every batch row and head.
+    dropout_rng: JAX PRNG key; required for dropout.
+    dropout_rate: the attention dropout rate. Dropout runs inside the
+      kernel with jaxcraft's own random stream
+      (`jaxcraft.attention_dropout_mask`), not Flax's bernoulli draw.
+    deterministic: True disables dropout.
+    dtype: the computation dtype (default: promoted from the inputs).
+    precision: Flax's; given, Flax's implementation runs.
+    module: Flax's (to sow the weights); given, Flax's implementation runs.
+    force_fp32_for_softmax: accepted for Flax's signature; softmax is float32
+      anyway.
+    einsum_dot_general: Flax's; given, Flax's implementation runs.
+    qk_attn_weights_einsum: Flax's; given, Flax's implementation runs.
+    attn_weights_value_einsum: Flax's; given, Flax's implementation runs.
+    is_causal: keyword-only extension: query i attends to keys j <= i
+      without a mask array (the kernel skips the masked tiles).
+
+  Returns:
+    [batch..., q_length, heads, depth] in the computation dtype.
+
+  Raises:
+    ValueError: query, key and value have different batch dimensions;
+      dropout without `dropout_rng`; and `jaxcraft.dot_product_attention`'s
+      errors for the shapes.
+    TypeError: `jaxcraft.dot_product_attention`'s dtype errors.
   """
   custom_math = precision is not None or any(
       f is not None for f in (einsum_dot_general, qk_attn_weights_einsum,
@@ -47,13 +79,32 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
 
 
 class MultiHeadAttention(linen.Module):
-  """Multi-head attention with `flax.linen.MultiHeadDotProductAttention`'s
-  parameters ("query", "key", "value", "out" DenseGeneral layers), so
-  checkpoints are interchangeable when `num_kv_heads` is None.
+  """Multi-head attention run by the jaxcraft kernel, in Flax's layout.
 
-  Beyond Flax: `num_kv_heads` (grouped-query attention: key/value project to
-  fewer heads), `is_causal` (no mask array needed: the kernel skips masked
-  tiles), `rope_base` (rotary embeddings on query and key; None: off).
+  Its parameters are those of `flax.linen.MultiHeadDotProductAttention`
+  ("query", "key", "value", "out" DenseGeneral layers), so checkpoints are
+  interchangeable when `num_kv_heads` is None.
+
+  Attributes:
+    num_heads: query heads.
+    num_kv_heads: key/value heads (grouped-query attention; a divisor of
+      `num_heads`); None means `num_heads`.
+    qkv_features: total query/key/value projection width, divisible by
+      `num_heads`; None means the input feature size.
+    out_features: output width; None means the query input's feature size.
+    dtype: computation dtype (None: promoted from inputs and parameters).
+    param_dtype: parameter dtype.
+    kernel_init: the Dense layers' kernel initializer.
+    bias_init: the Dense layers' bias initializer.
+    use_bias: whether the Dense layers have biases.
+    is_causal: causal attention without a mask array (the kernel skips the
+      masked tiles).
+    rope_base: rotary position embeddings on query and key with this base;
+      None: off.
+    dropout_rate: attention dropout rate.
+    deterministic: disables dropout; may be given at call time instead.
+    attention_fn: the attention function (default: this module's
+      `dot_product_attention`).
   """
   num_heads: int
   num_kv_heads: int | None = None
@@ -73,9 +124,26 @@ class MultiHeadAttention(linen.Module):
   @linen.compact
   def __call__(self, inputs_q, inputs_k=None, inputs_v=None, *, mask=None, positions=None,
                deterministic: bool | None = None):
-    """inputs [batch..., length, features] -> [batch..., length, out_features].
-    `positions` (int [batch..., length]) are the query/key positions for RoPE
-    (default 0..length-1)."""
+    """Applies attention.
+
+    Args:
+      inputs_q: [batch..., q_length, features].
+      inputs_k: [batch..., kv_length, features]; None means `inputs_q`.
+      inputs_v: [batch..., kv_length, features]; None means `inputs_k`.
+      mask: optional bool or float 0/1, broadcastable to
+        [batch..., num_heads, q_length, kv_length].
+      positions: int [batch..., q_length], the query positions for RoPE
+        (default 0..q_length-1; also the key positions in self-attention).
+      deterministic: disables dropout; merged with the attribute.
+
+    Returns:
+      [batch..., q_length, out_features].
+
+    Raises:
+      ValueError: `qkv_features` is not divisible by `num_heads`, or
+        `num_heads` is not a multiple of `num_kv_heads`; an odd head
+        dimension with `rope_base`.
+    """
     inputs_k = inputs_q if inputs_k is None else inputs_k
     inputs_v = inputs_k if inputs_v is None else inputs_v
     qkv_features = self.qkv_features or inputs_q.shape[-1]

@@ -11,11 +11,31 @@ from jaxcraft import _flax_norm
 
 
 class LayerNorm(linen.LayerNorm):
-  """Drop-in for `flax.linen.LayerNorm`."""
+  """Drop-in for `flax.linen.LayerNorm`, run by `jaxcraft.layer_norm`.
+
+  Flax's attributes, defaults and parameter names. The kernel runs when
+  normalizing over the last axis only, with `axis_name=None` and no mask;
+  other configurations run Flax's own module.
+  """
 
   @linen.compact
   def __call__(self, x, *, mask=None, residual=None):
-    """Flax's call; `residual=r` returns (norm(x + r), x + r) from one kernel."""
+    """Normalizes x, as `flax.linen.LayerNorm.__call__`.
+
+    Args:
+      x: [..., features].
+      mask: Flax's; given, Flax's own module runs.
+      residual: optional array of x's shape (jaxcraft extension): normalize
+        h = x + residual in one fused kernel.
+
+    Returns:
+      The normalized x in Flax's result dtype; with `residual`, the pair
+      (norm(h), h).
+
+    Raises:
+      ValueError: `residual` with a mask or a configuration the kernel does
+        not take.
+    """
     if not _flax_norm.use_kernel(self, mask, residual):
       return super().__call__(x, mask=mask)
     cols = x.shape[-1]
@@ -26,11 +46,31 @@ class LayerNorm(linen.LayerNorm):
 
 
 class RMSNorm(linen.RMSNorm):
-  """Drop-in for `flax.linen.RMSNorm`."""
+  """Drop-in for `flax.linen.RMSNorm`, run by `jaxcraft.rms_norm`.
+
+  Flax's attributes, defaults and parameter names. The kernel runs when
+  normalizing over the last axis only, with `axis_name=None` and no mask;
+  other configurations run Flax's own module.
+  """
 
   @linen.compact
   def __call__(self, x, *, mask=None, residual=None):
-    """Flax's call; `residual=r` returns (norm(x + r), x + r) from one kernel."""
+    """Normalizes x, as `flax.linen.RMSNorm.__call__`.
+
+    Args:
+      x: [..., features].
+      mask: Flax's; given, Flax's own module runs.
+      residual: optional array of x's shape (jaxcraft extension): normalize
+        h = x + residual in one fused kernel.
+
+    Returns:
+      The normalized x in Flax's result dtype; with `residual`, the pair
+      (norm(h), h).
+
+    Raises:
+      ValueError: `residual` with a mask or a configuration the kernel does
+        not take.
+    """
     if not _flax_norm.use_kernel(self, mask, residual):
       return super().__call__(x, mask=mask)
     cols = x.shape[-1]

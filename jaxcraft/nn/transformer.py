@@ -15,12 +15,21 @@ ACTIVATIONS = ("swiglu", "gelu")
 
 
 class MLP(linen.Module):
-  """Feed-forward layer: "swiglu" (Dense "wi" to 2 x hidden, silu(a) * b,
-  Dense "wo") or "gelu" (Dense "wi" to hidden, tanh-GELU, Dense "wo").
+  """Feed-forward layer with jaxcraft's activation.
 
-  The activation is jaxcraft's op (float32 math; on the GPU the SwiGLU
-  backward kernel writes the gradient of both halves into one array, where
-  XLA's gradient of the split adds a concatenation pass)."""
+  "swiglu": Dense "wi" to 2 x hidden, `jaxcraft.swiglu`, Dense "wo".
+  "gelu": Dense "wi" to hidden, tanh-form `jaxcraft.gelu`, Dense "wo".
+  The activation runs in float32 math; the SwiGLU backward kernel writes the
+  gradient of both halves into one array, where XLA's gradient of the split
+  adds a concatenation pass.
+
+  Attributes:
+    hidden: the hidden width.
+    activation: "swiglu" or "gelu".
+    dtype: computation dtype (None: promoted from inputs and parameters).
+    param_dtype: parameter dtype.
+    kernel_init: the Dense layers' kernel initializer.
+  """
   hidden: int
   activation: str = "swiglu"
   dtype: Any = None
@@ -29,6 +38,17 @@ class MLP(linen.Module):
 
   @linen.compact
   def __call__(self, x):
+    """Applies the layer.
+
+    Args:
+      x: [..., features].
+
+    Returns:
+      [..., features].
+
+    Raises:
+      ValueError: an unknown `activation`.
+    """
     if self.activation not in ACTIVATIONS:
       raise ValueError(f"activation must be one of {ACTIVATIONS}; got {self.activation!r}")
     dense = lambda features, name: linen.Dense(
@@ -42,11 +62,24 @@ class MLP(linen.Module):
 
 
 class TransformerBlock(linen.Module):
-  """x -> h = x + attention(norm(x)); out = h + mlp(norm(h)).
+  """Pre-norm transformer block: h = x + attention(norm(x)); out = h + mlp(norm(h)).
 
   The first residual add and the second norm are one fused jaxcraft kernel
-  (the norms' `residual=`). Submodules: "attention_norm", "attention" (jaxcraft
-  `MultiHeadAttention`), "mlp_norm", "mlp" (`MLP`).
+  (the norms' `residual=`). Submodules: "attention_norm", "attention"
+  (`MultiHeadAttention`), "mlp_norm", "mlp" (`MLP`).
+
+  Attributes:
+    num_heads: query heads.
+    mlp_hidden: the MLP's hidden width.
+    num_kv_heads: key/value heads (grouped-query attention); None means
+      `num_heads`.
+    activation: the MLP's, "swiglu" or "gelu".
+    norm: "rms" (`RMSNorm`) or "layer" (`LayerNorm`).
+    epsilon: the norms' epsilon.
+    is_causal: causal self-attention.
+    rope_base: rotary position embeddings with this base; None: off.
+    dtype: computation dtype (None: promoted from inputs and parameters).
+    param_dtype: parameter dtype.
   """
   num_heads: int
   mlp_hidden: int
@@ -61,6 +94,21 @@ class TransformerBlock(linen.Module):
 
   @linen.compact
   def __call__(self, x, *, mask=None, positions=None):
+    """Applies the block.
+
+    Args:
+      x: [batch..., length, features].
+      mask: optional attention mask, bool or float 0/1, broadcastable to
+        [batch..., num_heads, length, length].
+      positions: int [batch..., length] for RoPE (default 0..length-1).
+
+    Returns:
+      [batch..., length, features].
+
+    Raises:
+      ValueError: an unknown `norm` or `activation`, or head counts that do
+        not divide (see `MultiHeadAttention`).
+    """
     if self.norm not in ("rms", "layer"):
       raise ValueError(f"norm must be 'rms' or 'layer'; got {self.norm!r}")
     norm_cls = RMSNorm if self.norm == "rms" else LayerNorm

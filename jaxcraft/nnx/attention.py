@@ -19,10 +19,41 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
                           is_causal=False):
   """Drop-in for `flax.nnx.dot_product_attention`, run by the jaxcraft kernel.
 
-  Same conventions as `jaxcraft.nn.dot_product_attention`: softmax in
-  float32; dropout in the kernel (jaxcraft's random stream); `module` (to
-  sow the weights) or `precision` run Flax's own implementation; a fully
-  masked query row gives zeros.
+  Pass it as `attention_fn=` of `flax.nnx.MultiHeadAttention`. Softmax is
+  always float32. `module` (to sow the weights) or `precision` run Flax's own
+  implementation. A query whose keys are all masked gives zeros, where Flax
+  gives the mean of the values.
+
+  Args:
+    query: [batch..., q_length, heads, depth] float32, bfloat16 or float16
+      (after promotion to `dtype`).
+    key: [batch..., kv_length, kv_heads, depth]; heads must be a multiple
+      of kv_heads (grouped-query attention).
+    value: key's shape.
+    bias: optional, broadcastable to [batch..., heads, q_length, kv_length].
+    mask: optional bool or Flax's float 0/1 (nonzero = attend),
+      broadcastable to [batch..., heads, q_length, kv_length].
+    broadcast_dropout: one dropout mask for every batch row and head.
+    dropout_rng: JAX PRNG key; required for dropout.
+    dropout_rate: the attention dropout rate. Dropout runs inside the
+      kernel with jaxcraft's own random stream
+      (`jaxcraft.attention_dropout_mask`), not Flax's bernoulli draw.
+    deterministic: True disables dropout.
+    dtype: the computation dtype (default: promoted from the inputs).
+    precision: Flax's; given, Flax's implementation runs.
+    module: Flax's (to sow the weights); given, Flax's implementation runs.
+    promote_dtype: Flax's dtype promotion function for (query, key, value).
+    is_causal: query i attends to keys j <= i without a mask array (the
+      kernel skips the masked tiles).
+
+  Returns:
+    [batch..., q_length, heads, depth] in the computation dtype.
+
+  Raises:
+    ValueError: query, key and value have different batch dimensions;
+      dropout without `dropout_rng`; and `jaxcraft.dot_product_attention`'s
+      errors for the shapes.
+    TypeError: `jaxcraft.dot_product_attention`'s dtype errors.
   """
   if module is not None or precision is not None:
     key, value, mask = _flax_attention.fallback_inputs(query, key, value, mask, is_causal)
@@ -44,13 +75,30 @@ def _rope_attention(attention_fn, query, key, value, *args, rope_base, **kwargs)
 
 
 class MultiHeadAttention(nnx.MultiHeadAttention):
-  """`flax.nnx.MultiHeadAttention` (same constructor, parameters and call,
-  `is_causal=` included) with `jaxcraft.nnx.dot_product_attention` as the
-  default `attention_fn`, plus `rope_base` (rotary embeddings on the
-  projected query and key; None: off)."""
+  """`flax.nnx.MultiHeadAttention` run by the jaxcraft kernel, with optional RoPE.
+
+  Flax's constructor, parameters and call (`is_causal=` included), with
+  `jaxcraft.nnx.dot_product_attention` as the default `attention_fn`.
+  """
 
   def __init__(self, *args, attention_fn=dot_product_attention, rope_base: float | None = None,
                **kwargs):
+    """Builds the module.
+
+    Args:
+      *args: `flax.nnx.MultiHeadAttention`'s positional arguments
+        (num_heads, in_features, ...).
+      attention_fn: the attention function (default: this module's
+        `dot_product_attention`).
+      rope_base: rotary position embeddings on the projected query and key
+        (positions 0..length-1) with this base; None: off.
+      **kwargs: `flax.nnx.MultiHeadAttention`'s keyword arguments (`rngs`
+        required).
+
+    Raises:
+      ValueError: `rope_base` with `decode=True` (cached tokens' positions
+        are not tracked).
+    """
     if rope_base is not None:
       if kwargs.get("decode"):
         raise ValueError("rope_base with decode=True is not supported: positions of cached "

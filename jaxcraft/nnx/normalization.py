@@ -9,10 +9,30 @@ from jaxcraft import _flax_norm
 
 
 class LayerNorm(nnx.LayerNorm):
-  """Drop-in for `flax.nnx.LayerNorm`."""
+  """Drop-in for `flax.nnx.LayerNorm`, run by `jaxcraft.layer_norm`.
+
+  Flax's constructor and parameters. The kernel runs when normalizing over
+  the last axis only, with `axis_name=None` and no mask; other
+  configurations run Flax's own module.
+  """
 
   def __call__(self, x, *, mask=None, residual=None):
-    """Flax's call; `residual=r` returns (norm(x + r), x + r) from one kernel."""
+    """Normalizes x, as `flax.nnx.LayerNorm.__call__`.
+
+    Args:
+      x: [..., features].
+      mask: Flax's; given, Flax's own module runs.
+      residual: optional array of x's shape (jaxcraft extension): normalize
+        h = x + residual in one fused kernel.
+
+    Returns:
+      The normalized x in Flax's result dtype; with `residual`, the pair
+      (norm(h), h).
+
+    Raises:
+      ValueError: `residual` with a mask or a configuration the kernel does
+        not take.
+    """
     if not _flax_norm.use_kernel(self, mask, residual):
       return super().__call__(x, mask=mask)
     scale = self.scale[...] if self.scale else None
@@ -22,10 +42,30 @@ class LayerNorm(nnx.LayerNorm):
 
 
 class RMSNorm(nnx.RMSNorm):
-  """Drop-in for `flax.nnx.RMSNorm`."""
+  """Drop-in for `flax.nnx.RMSNorm`, run by `jaxcraft.rms_norm`.
+
+  Flax's constructor and parameters. The kernel runs when normalizing over
+  the last axis only, with `axis_name=None` and no mask; other
+  configurations run Flax's own module.
+  """
 
   def __call__(self, x, *, mask=None, residual=None):
-    """Flax's call; `residual=r` returns (norm(x + r), x + r) from one kernel."""
+    """Normalizes x, as `flax.nnx.RMSNorm.__call__`.
+
+    Args:
+      x: [..., features].
+      mask: Flax's; given, Flax's own module runs.
+      residual: optional array of x's shape (jaxcraft extension): normalize
+        h = x + residual in one fused kernel.
+
+    Returns:
+      The normalized x in Flax's result dtype; with `residual`, the pair
+      (norm(h), h).
+
+    Raises:
+      ValueError: `residual` with a mask or a configuration the kernel does
+        not take.
+    """
     if not _flax_norm.use_kernel(self, mask, residual):
       return super().__call__(x, mask=mask)
     scale = self.scale[...] if self.scale else None

@@ -1,5 +1,5 @@
 """Input validation shared by the ops: every message names the argument, what
-was seen, and what was expected (shared/DESIGN.md rule 10)."""
+was seen, and what was expected, and fails in Python before lowering."""
 
 from __future__ import annotations
 

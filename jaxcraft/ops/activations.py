@@ -2,8 +2,8 @@
 
 Flow: `gelu` / `bias_gelu` / `swiglu` / `geglu` (checks, custom_vjp) ->
 `_fwd_p` / `_bwd_p` (partitioned primitives: batching, sharding) ->
-`_fwd_kernel_p` / `_bwd_kernel_p` (FFI targets `jaxcraft_activation_fwd` /
-`jaxcraft_activation_bwd`, cpp/ffi/activations.cc). One kernel family serves
+`_fwd_kernel_p` / `_bwd_kernel_p` (FFI targets `_ffi.ACTIVATION_FWD` /
+`_ffi.ACTIVATION_BWD`, cpp/ffi/activations.cc). One kernel family serves
 all four ops: an elementwise kernel templated on the activation, reading the
 two halves of each row when gated.
 """
@@ -32,63 +32,14 @@ GATED_OPS = ("swiglu", "geglu")
 # --------------------------------------------- implementation=None policy
 # What `implementation=None` runs, per op variant, platform and pass:
 # "kernel" (jaxcraft's) or "xla" (the pure-JAX reference below, which XLA
-# fuses with neighbouring ops; a custom call is a fusion barrier: XLA can
-# fold an elementwise producer of x, or the bias add, into the activation's
-# loop, and the activation into its consumer). Where XLA is as fast or
-# faster, "xla" wins. Forward and backward choose independently: the
-# backward kernel needs only x and dy, whichever ran the forward.
-#   cuda: measured on the H100 (`python bench/run.py --ops activations`,
-#         bf16, 16k rows; kernel / XLA reference, us). Forwards tie at the
-#         copy ceiling (gelu [16k, 4096] 114 / 108, [16k, 14336] 349 / 358;
-#         swiglu 480 / 468; geglu 478 / 465): XLA, which also fuses.
-#         Backward: the kernel for every op. Decided from the MLP block's
-#         training step (x @ w_in -> act -> @ w_out, d_model 1024, gradients
-#         of x, weights, bias for an independent cotangent; "mlp fwd+bwd"),
-#         XLA forward with the kernel / XLA backward, us: gelu 1040 / 1063
-#         at 4096, 3723 / 4132 at 14336; bias_gelu 1055 / 1322, 3754 / 4777;
-#         swiglu 6102 / 7019; geglu 5977 / 7325. The backward alone (dx from
-#         the saved x and an independent dy), kernel / XLA: gelu 153 / 439 at
-#         4096, bias_gelu 158 / 626, swiglu 808 / 2607. Only the fwd+bwd
-#         microbenchmark with dy = y (y unused, no model's case: XLA fuses
-#         the pair into one pass and never writes y) favours XLA: gelu
-#         264 / 127 at 4096. The erf variants follow their tanh twins (not
-#         measured separately). Fifteenth session, H100.
-#         Eighteenth session, H200: the kernels' exp and reciprocal became
-#         single instructions and the tanh-form forwards now beat XLA alone
-#         (gelu 75.5 / 99.8 at 4096, 246 / 339 at 14336; bias_gelu 75 / 107,
-#         249 / 362; swiglu 336 / 354; geglu 334 / 396) and inside the MLP
-#         block, median of 3: "mlp fwd" kernel / XLA forward 457 / 493,
-#         1562 / 1647, 448 / 484, 1517 / 1652, 2186 / 2236, 2193 / 2261;
-#         "mlp fwd+bwd" with the kernel backward 963 / 989, 3413 / 3489,
-#         935 / 953, 3363 / 3540, 5667 / 5756, 5745 / 5834. On the H100 the
-#         older kernel already tied XLA's forward, and its "mlp fwd" was
-#         faster (1610 / 1773 us, gelu 14336). So the tanh forms run the
-#         kernel forward. The erf forms too (twenty-second session, H200,
-#         bf16 [16k, 14336], us, kernel / XLA forward): forward alone 303 /
-#         644 (gelu), 313 / 681 (bias_gelu), 358 / 729 (geglu, 2 x 14336);
-#         "mlp fwd" 1592 / 1930, 1605 / 1886, 2241 / 2598; "mlp fwd+bwd"
-#         with the kernel backward 3659 / 3922, 3620 / 3943, 6054 / 6317.
-#         XLA's erf is slow here (its forward at 35-47% of copy).
-#   cpu:  XLA, but for the gated forms' 16-bit backward and the erf GELU
-#         forwards named below. Measured on a 2-core AVX2 machine: the
-#         forward of XLA (the float32-math reference) faster than the
-#         kernels' on most cells (tanh forms up to 3.5x, erf forms 7-20x
-#         while the kernel called libm's scalar erfcf); XLA's CPU code is
-#         AVX2 + FMA with its own vectorized tanh/erf approximations, and
-#         fuses. The swiglu and geglu kernel backward, after XLA's forward,
-#         made an MLP block's gradient (x [1024, 512] @ w1 [512, 4096] -> op
-#         -> @ w2 [2048, 512]) 13-15% faster in bf16 and 1-14% in f16, 3-4%
-#         slower in f32, two runs each (forty-sixth session,
-#         bench/results/cpu_activation_policy_46th.txt). The erf forms, once
-#         the kernels' erfc became a vectorized polynomial (forward 25-28 ->
-#         2.8-5.7 ms at [4096, 1024]; forty-seventh session), in the same MLP
-#         block (hidden 2048, geglu 2 x 2048), ms, two runs, the best choice
-#         / XLA: gelu_erf kernel forward + XLA backward 28.7-29.2 / 36.0-36.5
-#         (f32), 30.4-30.8 / 30.3-39.2 (bf16), 30.4-31.3 / 39.6-41.5 (f16);
-#         bias_gelu_erf the same 29.1-29.4 / 36.0-36.6 in f32, XLA by 2-4% in
-#         16 bits; geglu_erf XLA forward + kernel backward 45.2-48.7 /
-#         54.5-57.5 in 16 bits, XLA in f32
-#         (bench/results/cpu_activation_policy_erf_47th.txt).
+# fuses with neighbouring ops; a custom call is a fusion barrier). Each entry
+# is the faster choice inside an MLP block (x @ w_in -> act -> @ w_out) and
+# its training step, per dtype where the winner differs by dtype. Forward and
+# backward choose independently: the backward kernel needs only x and dy,
+# whichever ran the forward. Regenerate with
+# `python bench/run.py --ops activations` ("mlp fwd" / "mlp fwd+bwd" rows),
+# on a GPU for the cuda rows and on a CPU-only install for the cpu rows;
+# the measurements behind the table are in docs/benchmarks.md.
 # Keys: (variant, platform); variant = op, "_erf" appended for approximate=False.
 # Values: (forward, backward), or a dict of them by dtype name.
 _XLA_F32_KERNEL_BWD_16 = {"float32": ("xla", "xla"), "bfloat16": ("xla", "kernel"),
@@ -539,12 +490,29 @@ def _apply(op, code, x, bias, implementation, reference):
 
 
 def gelu(x, approximate=True, *, implementation=None):
-  """`jax.nn.gelu(x, approximate)`: the tanh form when `approximate`, else the
-  erf form; float32 math, output in x.dtype.
+  """GELU, as `jax.nn.gelu(x, approximate)`, in float32 math.
 
-  `implementation`: None (DEFAULT_IMPLEMENTATION's choice for the platform:
-  the kernel, or XLA where XLA is faster), "cuda" / "cpu" (force the kernel)
-  or "xla" (the pure-JAX reference).
+  Differentiable; the backward recomputes the activation from x, so only x
+  is saved.
+
+  Args:
+    x: any shape, float32, bfloat16 or float16.
+    approximate: Python bool (static): the tanh form if True, else the
+      exact erf form.
+    implementation: None takes the policy table's choice for the platform,
+      pass and dtype (`DEFAULT_IMPLEMENTATION`: the kernel, or the pure-JAX
+      reference, which XLA fuses, where that is faster); "cuda" or "cpu"
+      forces that kernel; "xla" runs the pure-JAX reference
+      (`gelu_reference`).
+
+  Returns:
+    x's shape and dtype.
+
+  Raises:
+    TypeError: x is not float32, bfloat16 or float16; `approximate` is not
+      a Python bool.
+    ValueError: `implementation` is unknown, names kernels this build lacks, or names a
+      platform other than the one being compiled for.
   """
   x = _check_x(x, implementation, None)
   approximate = _check_approximate(approximate)
@@ -553,11 +521,29 @@ def gelu(x, approximate=True, *, implementation=None):
 
 
 def bias_gelu(x, bias, approximate=True, *, implementation=None):
-  """`gelu(x + bias)` with bias of shape [C] (x's last axis), added in float32.
+  """GELU of x + bias, the bias added in float32, in one pass.
 
   Differentiable in x and bias; the bias gradient is summed in float32 inside
-  the backward kernel (deterministic partial sums, no atomics). See `gelu`
-  for `implementation`.
+  the backward kernel (deterministic partial sums, no atomics).
+
+  Args:
+    x: [..., C] float32, bfloat16 or float16 (at least one axis).
+    bias: floating [C].
+    approximate: Python bool (static): the tanh form if True, else erf.
+    implementation: None takes the policy table's choice for the platform,
+      pass and dtype (`DEFAULT_IMPLEMENTATION`: the kernel, or the pure-JAX
+      reference, which XLA fuses, where that is faster); "cuda" or "cpu"
+      forces that kernel; "xla" runs the pure-JAX reference
+      (`bias_gelu_reference`).
+
+  Returns:
+    x's shape and dtype.
+
+  Raises:
+    TypeError: x is not float32, bfloat16 or float16; bias is not a
+      floating array; `approximate` is not a Python bool.
+    ValueError: x is a scalar; bias is not [C]; `implementation` is unknown, names kernels this build lacks, or names a
+      platform other than the one being compiled for.
   """
   x = _check_x(x, implementation, "the bias axis")
   approximate = _check_approximate(approximate)
@@ -570,9 +556,26 @@ def bias_gelu(x, bias, approximate=True, *, implementation=None):
 
 
 def swiglu(x, *, implementation=None):
-  """SwiGLU: `a, b = x[..., :C], x[..., C:]` (the halves of an even last
-  axis 2C); returns `silu(a) * b` of shape [..., C], float32 math, in x.dtype.
-  See `gelu` for `implementation`.
+  """SwiGLU: silu(a) * b for the halves a, b of x's last axis.
+
+  a = x[..., :C] and b = x[..., C:] (x's last axis is 2C), float32 math.
+  Differentiable; the backward recomputes from x.
+
+  Args:
+    x: [..., 2C] float32, bfloat16 or float16.
+    implementation: None takes the policy table's choice for the platform,
+      pass and dtype (`DEFAULT_IMPLEMENTATION`: the kernel, or the pure-JAX
+      reference, which XLA fuses, where that is faster); "cuda" or "cpu"
+      forces that kernel; "xla" runs the pure-JAX reference
+      (`swiglu_reference`).
+
+  Returns:
+    [..., C] in x.dtype.
+
+  Raises:
+    TypeError: x is not float32, bfloat16 or float16.
+    ValueError: x is a scalar or its last axis is odd; `implementation` is unknown, names kernels this build lacks, or names a
+      platform other than the one being compiled for.
   """
   x = _check_x(x, implementation, "the axis split into halves")
   _check_gated(x)
@@ -580,8 +583,28 @@ def swiglu(x, *, implementation=None):
 
 
 def geglu(x, approximate=True, *, implementation=None):
-  """GeGLU: `gelu(a, approximate) * b` for the halves a, b of x's last axis
-  (see `swiglu`). See `gelu` for `implementation`.
+  """GeGLU: gelu(a, approximate) * b for the halves a, b of x's last axis.
+
+  a = x[..., :C] and b = x[..., C:] (x's last axis is 2C), float32 math.
+  Differentiable; the backward recomputes from x.
+
+  Args:
+    x: [..., 2C] float32, bfloat16 or float16.
+    approximate: Python bool (static): the tanh form if True, else erf.
+    implementation: None takes the policy table's choice for the platform,
+      pass and dtype (`DEFAULT_IMPLEMENTATION`: the kernel, or the pure-JAX
+      reference, which XLA fuses, where that is faster); "cuda" or "cpu"
+      forces that kernel; "xla" runs the pure-JAX reference
+      (`geglu_reference`).
+
+  Returns:
+    [..., C] in x.dtype.
+
+  Raises:
+    TypeError: x is not float32, bfloat16 or float16; `approximate` is not
+      a Python bool.
+    ValueError: x is a scalar or its last axis is odd; `implementation` is unknown, names kernels this build lacks, or names a
+      platform other than the one being compiled for.
   """
   x = _check_x(x, implementation, "the axis split into halves")
   approximate = _check_approximate(approximate)

@@ -2,7 +2,7 @@
 
 Flow: `dot_product_attention` (checks, custom_vjp) -> `_fwd_p` / `_bwd_p`
 (partitioned primitives: batching, sharding) -> `_fwd_kernel_p` /
-`_bwd_kernel_p` (FFI targets `jaxcraft_attention_fwd` / `_bwd`,
+`_bwd_kernel_p` (FFI targets `_ffi.ATTENTION_FWD` / `_ffi.ATTENTION_BWD`,
 cpp/ffi/attention.cc). The pure-JAX reference lives in attention_reference.py.
 Sequence-sharded inputs in a sharded jit partition into ring attention
 (_ring.py), whose blocks are these primitives (`_ring_blocks`).
@@ -590,24 +590,90 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
                           logit_soft_cap=None, causal_alignment="top_left",
                           dropout_rate=0.0, dropout_rng=None, dropout_broadcast=False,
                           return_residual=False, implementation=None, deterministic=False):
-  """Scaled dot-product attention; same arguments and results as
-  `jax.nn.dot_product_attention`, computed by a flash-attention kernel.
+  """Scaled dot-product attention computed by a flash-attention kernel.
 
-  Beyond jax.nn: `q_segment_ids` / `kv_segment_ids` (int [B, T] / [B, S]:
-  attend only within equal ids; sorted ids, as in packed documents, let the
-  kernel skip whole tiles), `logit_soft_cap` (logits = cap * tanh(logits /
-  cap), after `scale`, before `bias`), `causal_alignment` ("bottom_right":
-  query i sees keys <= i + S - T; windows shift the same way), dropout on
-  the probabilities (`dropout_rate` in [0, 1), `dropout_rng` a PRNG key,
-  `dropout_broadcast`: one mask for every batch row and head; the kernel
-  regenerates the mask in the backward pass, and
-  `jaxcraft.attention_dropout_mask` reproduces it), and `deterministic` (a
-  backward pass without float atomics). `bias` is differentiable (its
-  gradient is reduced over the axes it broadcasts). Rows that see no key give
-  zeros (jax.nn gives an average of all values); their logsumexp is -inf.
-  `implementation`: None (the kernel where it applies, else the reference),
-  "cuda" / "cpu" (force the kernel; a clear error names what it does not
-  support) or "xla" (the pure-JAX reference).
+  A drop-in for `jax.nn.dot_product_attention`: its arguments with the same
+  meaning (but `implementation`, which picks jaxcraft's kernel or
+  reference), plus the keyword-only extensions below. Differentiable in query, key, value and bias (custom VJP whose
+  backward is a kernel too); works under `jax.jit`, `jax.vmap`, sharded
+  `jax.jit` (sequence-sharded inputs run as ring attention) and
+  `jax.export` (with `jaxcraft.EXPORT_DISABLED_CHECKS`).
+
+  Rows that see no key (fully masked, or past `query_seq_lengths`) return
+  zeros and a logsumexp of -inf, where jax.nn returns an average of all
+  values.
+
+  Args:
+    query: [B, T, N, H] (or unbatched [T, N, H]) float32, bfloat16 or
+      float16.
+    key: [B, S, K, H] (or [S, K, H]) with query's dtype; N must be a
+      multiple of K (grouped-query attention: query head n reads KV head
+      n // (N // K)).
+    value: key's shape and dtype.
+    bias: optional floating array broadcastable to [B, N, T, S] (fewer
+      dims pad on the left, as in jax.nn), added to the logits in float32.
+      Differentiable: its gradient is summed over the axes it broadcasts.
+    mask: optional bool array broadcastable to [B, N, T, S]; True = attend.
+    scale: Python float multiplying the logits (static); default
+      1 / sqrt(H).
+    is_causal: query i attends to keys j <= i (shifted by
+      `causal_alignment`).
+    query_seq_lengths: optional int32 [B] ([1] unbatched): rows
+      i >= length see no key.
+    key_value_seq_lengths: optional int32 [B] ([1] unbatched): keys
+      j >= length are hidden.
+    local_window_size: None, an int w (meaning (w, w)), or a (left, right)
+      pair of non-negative ints: query i sees keys i - left <= j <= i + right
+      (shifted by `causal_alignment`).
+    q_segment_ids: optional integer [B, T] (or [T] unbatched); query i sees
+      key j only where q_segment_ids[b, i] == kv_segment_ids[b, j]. Sorted
+      ids, as in packed documents, let the kernel skip whole tiles.
+    kv_segment_ids: integer [B, S] (or [S]); given together with
+      `q_segment_ids`.
+    logit_soft_cap: optional Python float > 0: logits become
+      cap * tanh(logits / cap), after `scale` and before `bias`.
+    causal_alignment: "top_left" (default, as jax.nn) or "bottom_right":
+      query i sees keys j <= i + S - T; windows shift the same way.
+    dropout_rate: Python float in [0, 1); dropout on the probabilities,
+      kept ones scaled by 1 / (1 - rate). The kernel regenerates the mask in
+      the backward pass; `jaxcraft.attention_dropout_mask` reproduces it.
+    dropout_rng: JAX PRNG key; required when `dropout_rate` > 0.
+    dropout_broadcast: one dropout mask shared by every batch row and head
+      (Flax's `broadcast_dropout`).
+    return_residual: also return the logsumexp, as jax.nn does.
+    implementation: None runs the kernel for the platform being compiled
+      for where it is built and takes the inputs (the CUDA kernel:
+      bfloat16 or float16, head dim <= 256 and a multiple of 8; the CPU
+      kernel: every supported dtype and head dim), else the pure-JAX
+      reference. "cuda" or "cpu" forces that kernel and raises where it
+      cannot run; "xla" runs the pure-JAX reference
+      (`jaxcraft.ops.attention_reference.attention_reference`).
+    deterministic: a backward pass without floating-point atomics, so the
+      gradients are the same from run to run (a broadcast bias is then
+      materialized to [B, N, T, S] for its gradient).
+
+  Returns:
+    The output, query's shape and dtype. With `return_residual=True` the
+    pair (output, logsumexp): the logsumexp is [B, T, N] (or [T, N]) in the
+    inputs' dtype, the natural-log logsumexp over the visible keys of the
+    scaled, soft-capped and biased logits (before dropout), -inf for rows
+    that see no key, with no gradient (`jax.lax.stop_gradient`).
+
+  Raises:
+    TypeError: an input is not an array; query is not float32, bfloat16 or
+      float16, or key/value differ from its dtype; bias is not floating;
+      mask is not bool; sequence lengths are not int32; segment ids are not
+      integers; `scale`, `logit_soft_cap` or `dropout_rate` is traced or not
+      a float; `local_window_size` is not an int or a pair of ints.
+    ValueError: query, key and value are not all 3-D or all 4-D, or their
+      batch sizes, head dims or head counts do not match (key and value
+      shapes must be equal); bias or mask does not broadcast to
+      [B, N, T, S]; lengths or segment ids have the wrong shape, or only one
+      kind of segment ids is given; a negative window; `causal_alignment`
+      is unknown; `logit_soft_cap` <= 0; `dropout_rate` outside [0, 1) or no
+      `dropout_rng`; `implementation` is unknown, names kernels this build
+      lacks, or is "cuda" for inputs the CUDA kernel does not take (or for a
+      computation compiled for another platform).
   """
   _primitive.check_implementation(implementation)
   q, k, v = _check_qkv(query, key, value)

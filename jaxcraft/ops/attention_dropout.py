@@ -72,9 +72,22 @@ def dropout_keep_mask(key_words, rate: float, shape, *, broadcast: bool = False)
 
 
 def attention_dropout_mask(rng, rate: float, shape, *, broadcast: bool = False) -> jax.Array:
-  """The keep-mask (bool, [B, N, T, S] or [1, 1, T, S] with `broadcast`) that
-  `dot_product_attention(..., dropout_rate=rate, dropout_rng=rng)` applies to
-  its [B, N, T, S] probabilities (N the query heads)."""
+  """The dropout keep-mask that `dot_product_attention` applies.
+
+  `dot_product_attention(..., dropout_rate=rate, dropout_rng=rng,
+  dropout_broadcast=broadcast)` zeroes its [B, N, T, S] probabilities (N the
+  query heads) where this mask is False and scales the others by
+  1 / (1 - rate), on every implementation.
+
+  Args:
+    rng: JAX PRNG key (typed, or a legacy uint32 [2] key).
+    rate: Python float, the dropout rate.
+    shape: (B, N, T, S), the probabilities' shape.
+    broadcast: one mask for every batch row and head.
+
+  Returns:
+    bool [B, N, T, S], or [1, 1, T, S] with `broadcast`; True = kept.
+  """
   return dropout_keep_mask(dropout_key_words(rng), rate, shape, broadcast=broadcast)
 
 

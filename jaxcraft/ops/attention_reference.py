@@ -11,8 +11,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-# Backends whose dot_general accepts the F16_F16_F32 algorithm preset.
-
 
 def attention_reference(
     query,

@@ -2,7 +2,7 @@
 
 Flow: `decode_attention` (checks, defaults, no-gradient rule) -> `_decode_p`
 (partitioned primitive: batching, sharding) -> `_kernel_p` (FFI target
-`jaxcraft_decode_attention_fwd`, cpp/ffi/decode_attention.cc). The pure-JAX
+`_ffi.DECODE_ATTENTION_FWD`, cpp/ffi/decode_attention.cc). The pure-JAX
 reference lives in decode_attention_reference.py; the semantics (positions,
 masks, clamped lengths, bad pages) are spelled out in
 cpp/kernels/decode/params.h.
@@ -294,24 +294,50 @@ def decode_attention(query, key_cache, value_cache, key_value_seq_lengths, *, bl
                      implementation=None):
   """Attention of a few new tokens over a KV cache (split-K flash decoding).
 
-  query [B, Tq, N, H]; key_cache / value_cache contiguous [B, S, K, H], or
-  paged [P, page_size, K, H] with int32 `block_tables` [B, max_pages] (key j
-  of sequence b is row j % page_size of page block_tables[b, j // page_size]);
-  int32 `key_value_seq_lengths` [B]. N % K == 0 (GQA / MQA): every K/V head is
-  read once for all N / K query heads and Tq tokens of its group.
+  Query token t of sequence b sits at position L - Tq + t, where L is the
+  sequence's length clamped to [0, capacity] (capacity: S, or
+  max_pages * page_size), and sees the keys j <= its position (so j < L).
+  logits = scale * q.k, soft-capped if asked, softmax in float32. Each K/V
+  head is read once for all N / K query heads and Tq tokens of its group.
+  Rows that see no key give zeros. Inference only: there is no gradient.
 
-  Query token t of sequence b sits at position L - Tq + t, where L is its
-  length clamped to [0, capacity] (capacity: S, or max_pages * page_size),
-  and sees keys j <= its position (j < L), and j >= position - left with
-  `local_window_size` (int w = (w, w) as in jax.nn, or (left, right); the
-  right bound is moot). logits = scale * q.k (scale defaults to 1 / sqrt(H)),
-  soft-capped as cap * tanh(logits / cap) with `logit_soft_cap`; float32
-  softmax. Rows that see no key give zeros. Block-table entries outside [0, P)
-  mask their page's keys (never read). Returns [B, Tq, N, H] in query's dtype.
+  Args:
+    query: [B, Tq, N, H] float32, bfloat16 or float16: the new tokens.
+    key_cache: contiguous [B, S, K, H], or paged [P, page_size, K, H] with
+      `block_tables`; query's dtype. N must be a multiple of K (GQA / MQA).
+    value_cache: key_cache's shape and dtype.
+    key_value_seq_lengths: int32 [B]: each sequence's length, counting the
+      Tq new tokens.
+    block_tables: optional int32 [B, max_pages]: key j of sequence b is row
+      j % page_size of page block_tables[b, j // page_size]. Entries outside
+      [0, P) mask their page's keys (the page is never read).
+    scale: Python float (static); default 1 / sqrt(H).
+    logit_soft_cap: optional Python float > 0: logits become
+      cap * tanh(logits / cap).
+    local_window_size: None, an int w, or a (left, right) pair of
+      non-negative ints: a query also sees only keys j >= position - left
+      (the right bound is moot under causality).
+    implementation: None runs the kernel for the platform being compiled
+      for where it is built and takes the inputs (the CUDA kernel: head dim
+      <= 256 and a multiple of 8, caches under 2^31 rows), else the pure-JAX
+      reference. "cuda" or "cpu" forces that kernel and raises where it
+      cannot run; "xla" runs the pure-JAX reference
+      (`decode_attention_reference`).
 
-  Inference only: jax.grad through it raises. `implementation`: None (the
-  kernel for the platform where it applies, else the reference), "cuda" /
-  "cpu" (force the kernel), "xla" (the pure-JAX reference).
+  Returns:
+    [B, Tq, N, H] in query's dtype.
+
+  Raises:
+    TypeError: an input is not an array; query is not float32, bfloat16 or
+      float16, or a cache differs from its dtype; lengths or block tables
+      are not int32; `scale` or `logit_soft_cap` is traced or not a float;
+      differentiating through the op (`jax.grad`, `jax.jvp`).
+    ValueError: query or a cache is not 4-D, the caches' shapes differ,
+      head dims or batch sizes do not match, N is not a multiple of K;
+      lengths are not [B] or block tables not [B, max_pages]; a paged cache
+      has no rows; a negative window; `logit_soft_cap` <= 0;
+      `implementation` is unknown, names kernels this build lacks, or is
+      "cuda" for inputs the CUDA kernel does not take.
   """
   _primitive.check_implementation(implementation)
   q, k, v, lengths, tables = _checked(query, key_cache, value_cache, key_value_seq_lengths,

@@ -3,8 +3,8 @@ gradient scatter-adds the output's cotangent back into the table's rows.
 
 Flow: `embedding_lookup` (checks, ids to int32, custom_vjp) -> `_fwd_p` /
 `_bwd_p` (partitioned primitives: batching, sharding) -> `_fwd_kernel_p` /
-`_bwd_kernel_p` (FFI targets `jaxcraft_embedding_fwd` /
-`jaxcraft_embedding_bwd`, cpp/ffi/embedding.cc).
+`_bwd_kernel_p` (FFI targets `_ffi.EMBEDDING_FWD` / `_ffi.EMBEDDING_BWD`,
+cpp/ffi/embedding.cc).
 
 Sharding (sharded `jax.jit`): ids sharded over any axes run locally, each
 device looking up its ids in its copy of the table; a table sharded over D
@@ -41,15 +41,13 @@ MODES = {"fill": 0, "clip": 1, "wrap": 2}
 # What `implementation=None` runs, per platform and pass: "kernel"
 # (jaxcraft's) or "xla" (the pure-JAX reference: XLA's gather, and its
 # scatter-add into float32 zeros for the backward).
-#   cuda: the kernels until measured; the lead fills this row from
-#         `python bench/run.py --ops embedding` on the H100.
-#   cpu:  the kernels: measured on a shared 2-core AVX2 machine with
-#         bench/embedding.py's steps, kernel / XLA, fwd and fwd+bwd in ms:
-#         bf16 8k x 256, 2k ids 0.06 / 0.11, 0.37 / 0.69; 32k x 1024, 4k ids
-#         0.30 / 1.17, 5.2 / 15.4 (skewed ids 0.18 / 0.62, 4.7 / 15.1);
-#         4k x 64, 16k ids 0.11 / 0.26, 0.41 / 0.56; float32 alike (fwd at
-#         8k x 256 a tie, 0.086 / 0.078). XLA's CPU scatter-add is slower
-#         than the kernel's per-row sums.
+#   cuda: the kernels: on the H100 their forward is 2.0-3.2x faster than
+#         XLA's gather and their fwd+bwd 3.5-8.9x faster (bf16 tables).
+#   cpu:  the kernels: XLA's CPU scatter-add is slower than the kernel's
+#         per-row sums, and its gather slower than or tied with the kernel.
+# Regenerate with `python bench/run.py --ops embedding`, on a GPU for the
+# cuda row and on a CPU-only install for the cpu row; the measurements are
+# in docs/benchmarks.md.
 DEFAULT_IMPLEMENTATION = {
     # platform: (forward, backward)
     "cuda": ("kernel", "kernel"),
@@ -420,32 +418,47 @@ def _checked(table, mode, fill_value, deterministic, implementation):
 
 def embedding_lookup(table, ids, *, mode=None, fill_value=None, deterministic=False,
                      implementation=None):
-  """Rows of `table` [V, D] gathered by `ids`: `jnp.take(table, ids, axis=0, mode=mode)`.
+  """Rows of `table` gathered by `ids`, as `jnp.take(table, ids, axis=0, mode=mode)`.
 
-  Returns ids.shape + (D,) in table.dtype (float32, bfloat16 or float16).
-  `ids`: any shape, any integer dtype; kernels take int32. Narrower types
-  convert exactly; wider ones (int64, uint32, uint64) are first mapped to
-  int32 ids that read the same rows (see `mode`), so the conversion never
-  changes the result. An empty table (V = 0) with ids is a ValueError
-  (jnp.take raises IndexError there).
-  `mode` (jnp.take's, for ids outside [0, V)):
-    None or "fill": a negative id counts from the end once (id + V); an id
-      still outside [0, V) reads a row of `fill_value` (default NaN) and
-      gets no gradient.
-    "clip": ids clamp to [0, V - 1] (negative ids read row 0, no wrapping);
-      the gradient goes to the clamped row.
-    "wrap": id mod V (floor modulo, so -1 reads row V - 1).
-  `fill_value`: the row read by out-of-range ids in fill mode (ignored otherwise).
-  Gradient (table only; ids are integers): the cotangent's rows summed into
-  a zero [V, D] table, accumulated in float32 and rounded once to
-  table.dtype. `deterministic=True` makes the CUDA backward bit-identical
-  from run to run (ids sorted by row, then each row summed in position
-  order); the default uses float32 atomics (order of adds varies). The CPU
-  kernel is always deterministic.
-  `implementation`: None (the policy of DEFAULT_IMPLEMENTATION: the kernel
-  where built and chosen, else the reference), "cuda", "cpu" (force the
-  kernel) or "xla" (`embedding_lookup_reference`: jnp.take, whose gradient
-  adds in table.dtype).
+  Differentiable in the table (ids are integers): the cotangent's rows are
+  summed into a zero [V, D] table, accumulated in float32 and rounded once to
+  table.dtype. Ids wider than int32 (int64, uint32, uint64) are first mapped
+  to int32 ids that read the same rows under `mode`, so the conversion never
+  changes the result.
+
+  Args:
+    table: [V, D] float32, bfloat16 or float16, V < 2^31 - 2.
+    ids: any shape, any integer dtype.
+    mode: what ids outside [0, V) read (jnp.take's modes):
+      None or "fill": a negative id counts from the end once (id + V); an id
+      still outside [0, V) reads a row of `fill_value` and gets no gradient.
+      "clip": ids clamp to [0, V - 1] (negative ids read row 0); the
+      gradient goes to the clamped row.
+      "wrap": id mod V (floor modulo, so -1 reads row V - 1).
+    fill_value: Python float (static), the row value that out-of-range ids
+      read in fill mode (default NaN); ignored in the other modes.
+    deterministic: Python bool: the CUDA backward sorts ids by row and sums
+      each row in position order, so the gradient is bit-identical from run
+      to run; the default uses float32 atomics (the order of adds varies).
+      The CPU kernel is always deterministic.
+    implementation: None takes the policy table's choice for the platform
+      and pass (`DEFAULT_IMPLEMENTATION`: the kernel where built and chosen,
+      else the reference); "cuda" or "cpu" forces that kernel; "xla" runs
+      `embedding_lookup_reference` (jnp.take, whose gradient adds in
+      table.dtype).
+
+  Returns:
+    ids.shape + (D,) in table.dtype.
+
+  Raises:
+    TypeError: table is not float32, bfloat16 or float16; ids are not
+      integers (bool included); `fill_value` is traced or not a float;
+      `deterministic` is not a Python bool.
+    ValueError: table is not 2-D or has 2^31 - 2 or more rows; an empty
+      table (V = 0) with ids to look up (jnp.take raises IndexError there);
+      `mode` is not None, "fill", "clip" or "wrap"; `implementation` is
+      unknown, names kernels this build lacks, or names a platform other
+      than the one being compiled for.
   """
   table, mode, fill, deterministic = _checked(table, mode, fill_value, deterministic,
                                               implementation)

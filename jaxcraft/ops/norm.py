@@ -444,9 +444,11 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, residual=None, impleme
     bias: optional floating [C]; None means zeros.
     epsilon: Python float >= 0 (static), added to the variance.
     residual: optional floating array of x's shape, cast to x.dtype.
-    implementation: None lets jaxcraft choose for the platform being
-      compiled for (its kernel where built, or the pure-JAX reference);
-      "cuda" or "cpu" forces that kernel; "xla" runs the pure-JAX reference
+    implementation: None runs the kernel for the platform being compiled
+      for where it is built, except on CUDA for fewer than
+      `CUDA_KERNEL_MIN_ROWS` rows, where the pure-JAX reference (which XLA
+      fuses) is faster; elsewhere the reference. "cuda" or "cpu" forces
+      that kernel; "xla" runs the pure-JAX reference
       (`layer_norm_reference`).
 
   Returns:

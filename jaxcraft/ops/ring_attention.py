@@ -3,8 +3,8 @@
 
 Flow: `ring_attention` (checks, zig-zag reorder, custom_vjp) -> `_ring.forward`
 / `_ring.backward` (the ring schedule) -> per block, the attention kernel
-primitives (`attention._ring_blocks`), or with segment ids (which the kernels
-do not take yet) the pure-JAX block ops below.
+primitives (`attention._ring_blocks`), or with segment ids (which the ring's
+kernel blocks do not take) the pure-JAX block ops below.
 """
 
 from __future__ import annotations
@@ -114,30 +114,59 @@ def _check_segment_ids(q_segment_ids, kv_segment_ids, batch, q_rows, kv_rows):
 def ring_attention(query, key, value, *, axis_name, is_causal=False, scale=None,
                    q_segment_ids=None, kv_segment_ids=None, layout="contiguous",
                    implementation=None, deterministic=False):
-  """`dot_product_attention` over a sequence sharded along `axis_name`, to be
-  called inside `jax.shard_map`. Arguments are this device's shards: query
-  [B, T, N, H], key/value [B, S, K, H] (N % K == 0; or unbatched, without B),
-  segment ids int32 [B, T] / [B, S]. The result is this device's shard of the
-  output, and matches `dot_product_attention` on the whole sequence.
+  """`dot_product_attention` over a sequence sharded along `axis_name`.
 
-  K/V shards circulate around the ring (`ppermute` to the next device while
-  the current block computes); partial results merge by logsumexp in float32.
-  Forward and gradients run jaxcraft's attention kernels per block (segment
-  ids: a pure-JAX block, materializing one block's logits).
+  Call it inside `jax.shard_map`: the arguments are this device's shards,
+  and the result is this device's shard of the output, matching
+  `dot_product_attention` on the whole sequence. K/V shards circulate around
+  the ring (`ppermute` to the next device while the current block computes);
+  partial results merge by logsumexp in float32. Forward and gradients run
+  jaxcraft's attention kernels per block; with segment ids each block is
+  pure JAX, materializing one block's [B, N, T, S] logits. Rows that see no
+  key anywhere give zeros (and zero gradients). Differentiable in query, key
+  and value.
 
-  `layout` says how the sequence is split; it matters only with `is_causal`:
-  - "contiguous" (the default; what shard_map's in_specs produce): device d
-    holds the d-th slice. Causal attention reorders the shards into zig-zag
-    ones (one exchange of half of each of q, k, v and of the output, and in
-    the backward of dO and the gradients) for a balanced ring. An odd local
-    length cannot be halved: it runs the contiguous ring, whose last device
-    does `n` blocks of work and the first one.
-  - "zigzag": the caller's data is already in zig-zag order: the sequence cut
-    into 2n chunks, device d holding chunks d and 2n-1-d, concatenated (e.g.
-    tokens permuted once in the input pipeline). No reorder; the local length
-    must be even.
-  Causal needs T == S (top-left aligned on the whole sequence). Rows that see
-  no key anywhere give zeros (and zero gradients).
+  Args:
+    query: this device's [B, T, N, H] (or unbatched [T, N, H]) float32,
+      bfloat16 or float16.
+    key: [B, S, K, H] (or [S, K, H]) with query's dtype; N must be a
+      multiple of K.
+    value: key's shape and dtype.
+    axis_name: the mesh axis name (or tuple of names) the sequence is
+      sharded over.
+    is_causal: causal attention, top-left aligned on the whole sequence;
+      needs T == S.
+    scale: Python float (static); default 1 / sqrt(H).
+    q_segment_ids: optional int32 [B, T] (or [T]), this device's shard;
+      attend only within equal ids.
+    kv_segment_ids: int32 [B, S] (or [S]); given together with
+      `q_segment_ids`.
+    layout: how the sequence is split over the devices; matters only with
+      `is_causal`. "contiguous" (default; what shard_map's in_specs
+      produce): device d holds the d-th slice; causal attention reorders
+      the shards into zig-zag ones for a balanced ring (one exchange of half
+      of q, k, v and of the output, and in the backward of dO and the
+      gradients); an odd local length runs the unbalanced contiguous ring.
+      "zigzag": the data is already in zig-zag order (the sequence cut into
+      2n chunks, device d holding chunks d and 2n-1-d, concatenated); no
+      reorder, and the local length must be even.
+    implementation: None runs the kernel blocks where they apply, else the
+      pure-JAX blocks; "cuda" or "cpu" forces the kernel blocks (not with
+      segment ids); "xla" runs pure-JAX blocks.
+    deterministic: backward kernels without floating-point atomics, as in
+      `dot_product_attention`.
+
+  Returns:
+    This device's output shard, query's shape and dtype.
+
+  Raises:
+    TypeError: as `dot_product_attention` for the inputs; segment ids are
+      not int32; `scale` is traced or not a float.
+    ValueError: as `dot_product_attention` for the shapes; segment ids of
+      the wrong shape or given alone; `axis_name` is not a bound mesh axis;
+      an unknown `layout`; `is_causal` with T != S; "zigzag" with an odd
+      causal local length; a forced kernel with segment ids, or "cuda" for
+      inputs the CUDA kernel does not take.
   """
   _primitive.check_implementation(implementation)
   q, k, v = attention._check_qkv(query, key, value)

@@ -3,7 +3,7 @@
 Flow: `softmax` (checks; the softmax axes moved last and merged into one;
 custom_vjp) -> `_fwd_p` / `_bwd_p` (partitioned primitives: batching,
 sharding) -> `_fwd_kernel_p` / `_bwd_kernel_p` (FFI targets
-`jaxcraft_softmax_fwd` / `jaxcraft_softmax_bwd`, cpp/ffi/softmax.cc). The
+`_ffi.SOFTMAX_FWD` / `_ffi.SOFTMAX_BWD`, cpp/ffi/softmax.cc). The
 kernels work on the last axis of [rows, cols]: an online max and sum, then
 the write; the backward is `dx = y * (dy - sum(dy * y))` from the saved
 output y alone.
@@ -37,33 +37,15 @@ NO_MASK, SHARED_MASK, FULL_MASK = "none", "shared", "full"
 # e.g. the logits' scale or bias add, and consumer; a custom call is a fusion
 # barrier). Forward and backward choose independently: the backward kernel
 # needs only y and dy, whichever ran the forward.
-#   cuda: the kernels for rows of up to 512 KiB (256K bf16 / 128K f32
-#         columns), the widest that thread-block clusters of 8 blocks hold
-#         (sm_90+; without clusters BLOCK_ROW_BYTES below), XLA beyond.
-#         Measured on the H100 (`python bench/run.py --ops softmax`, kernel
-#         / jax.nn, us; bench/RESULTS.md, fourteenth and twenty-fifth
-#         sessions). Forward: [16k, 4k] bf16 106 / 191, [16k, 32k] f32
-#         1777 / 2837, [4k, 128k] bf16 962 / 1486 (fourteenth session);
-#         f32 [4k, 128k] 1565 / 2724 (twenty-fifth). Backward alone (dx
-#         from y and an independent dy): [16k, 4k] bf16 149 / 239, [16k,
-#         8k] f32 567 / 877, [16k, 32k] f32 2252 / 3506, [4k, 128k] bf16
-#         1176 / 1763, f32 2249 / 3485 (before the four-vector clusters it
-#         streamed: 3545, a tie). Where y is
-#         discarded and dy = y, XLA fuses the pair and never writes y: its
-#         fwd+bwd is then 1-16% faster past 64 KiB rows ([4k, 128k] bf16
-#         1850 vs the policy's 2001), a program no model runs (y feeds the
-#         next layer).
-#   cpu:  XLA in float32 and bfloat16, the kernels in float16. Measured on
-#         a 2-core AVX2 machine (kernel / XLA, ms): [1024, 4096] fwd 6.2 /
-#         2.7 (f32), 7.5 / 4.1 (bf16); fwd+bwd 7.7 / 3.6 (f32), 10.8 / 8.5
-#         (bf16); [64, 50257] fwd 3.5 / 2.0 (f32), 3.9 / 2.6 (bf16): XLA's
-#         forward (AVX2 exp, fused) wins, and the kernel backward after it
-#         won or lost by shape. In float16, once the kernels converted rows
-#         through F16C (forty-seventh session, two runs, ms, kernel / XLA):
-#         forward 3.1 / 5.1, 2.5 / 4.2-9.4, 3.0-3.1 / 5.0-5.2 at [1024,
-#         4096], [64, 50257], [8192, 512]; value_and_grad of sum(y * w)
-#         6.7-9.5 / 16.9-17.5, 4.4-4.5 / 6.8, 6.5 / 16.5-17.4
-#         (bench/results/cpu_softmax_policy_47th.txt).
+#   cuda: the kernels for rows up to 512 KiB, the widest that thread-block
+#         clusters of 8 blocks hold (sm_90+; without clusters
+#         BLOCK_ROW_BYTES below), XLA beyond.
+#   cpu:  XLA in float32 and bfloat16 (its vectorized exp fuses and wins),
+#         the kernels in float16 (rows converted through F16C: 1.6-3.8x
+#         faster than XLA's forward on a 2-core AVX2 machine).
+# Regenerate with `python bench/run.py --ops softmax` (forward and
+# backward-alone rows), on a GPU for the cuda row and on a CPU-only install
+# for the cpu row; the measurements are in docs/benchmarks.md.
 DEFAULT_IMPLEMENTATION = {
     # platform: (forward, backward[, the widest row in bytes the forward
     # kernel is chosen for, the widest the backward kernel is]), or a dict
@@ -332,22 +314,37 @@ def _check_where(where, shape):
 
 
 def softmax(x, axis=-1, where=None, *, implementation=None):
-  """`jax.nn.softmax(x, axis, where)`: exp(x - max) / sum over `axis` (an
-  int, a tuple of ints, or None for all axes), float32 math, output in
-  x.dtype.
+  """Softmax over `axis`, as `jax.nn.softmax(x, axis, where)`.
 
-  `where` (bool, broadcastable to x): the elements to include; masked-out
-  ones are 0, and a row with no element kept is all zeros (as jax.nn.softmax:
-  its NaN there is replaced by the final `where`). The gradient is the fused
-  `y * (dy - sum(dy * y))`, from the output alone.
+  exp(x - max) / sum(exp(x - max)) over the softmax axes in float32 math,
+  output in x.dtype. Masked-out elements (`where` False) are 0, and a row
+  with no element kept is all zeros. The gradient is the fused
+  y * (dy - sum(dy * y)), computed from the output alone.
 
   Softmax axes other than the last single axis are moved last (a transpose,
-  merged by a reshape); a mask that broadcasts over all the other axes
+  merged by a reshape); a `where` that broadcasts over all the other axes
   travels to the kernel as one row, any other is broadcast to x's shape.
 
-  `implementation`: None (DEFAULT_IMPLEMENTATION's choice for the platform:
-  the kernel, or XLA where XLA is faster), "cuda" / "cpu" (force the kernel)
-  or "xla" (jax.nn.softmax itself).
+  Args:
+    x: array of at least one axis, float32, bfloat16 or float16.
+    axis: an int, a tuple of distinct ints, or None (all axes).
+    where: optional bool array broadcastable to x's shape: the elements to
+      include.
+    implementation: None takes the policy table's choice for the platform
+      and pass (`DEFAULT_IMPLEMENTATION`: the kernel, or XLA where XLA is
+      faster); "cuda" or "cpu" forces that kernel; "xla" runs
+      jax.nn.softmax itself.
+
+  Returns:
+    x's shape and dtype.
+
+  Raises:
+    TypeError: x is not float32, bfloat16 or float16; `axis` is not an int,
+      a tuple of ints or None; `where` is not bool.
+    ValueError: x is a scalar; an axis is out of bounds or repeated, or
+      `axis` names none; `where` does not broadcast to x's shape;
+      `implementation` is unknown, names kernels this build lacks, or names
+      a platform other than the one being compiled for.
   """
   _primitive.check_implementation(implementation)
   x = _checks.as_array("x", x)

@@ -76,8 +76,8 @@ inline float host_expf(float x) {
 // exp, the sigmoid's reciprocal and erfc: the hardware approximations
 // (common/fast_math.cuh, device_math.h) in CUDA code (the GELU kernels are
 // issue-bound on the H200: with __expf and __frcp_rn, whose range checks and
-// slow-path call cost more than the math, the tanh form took about 29
-// instructions per element, now 13), the vectorizable exp, the exact
+// slow-path call cost more than the math, the tanh form takes about 29
+// instructions per element instead of 13), the vectorizable exp, the exact
 // division and the same erfc polynomial on the host.
 // - exp: ex2.approx's 2^-22 relative, plus |x| x 6e-8 from rounding
 //   x log2(e), the size of what rounding x itself already carries. Results
@@ -110,8 +110,8 @@ JAXCRAFT_ACT_FN float act_normal_cdf(float h, float& gauss) {
   return device_normal_cdf<kExpCorrected>(h, gauss);
 #else
   // The device's float32 polynomial (normal_cdf_poly.h) with host_expf,
-  // which the loops vectorize (libm's erfcf was a scalar call: the erf
-  // forms' CPU forward ran 7-20x slower than XLA's). Without the device's
+  // which the loops vectorize (libm's erfcf is a scalar call: with it the
+  // erf forms' CPU forward runs 7-20x slower than XLA's). Without the device's
   // rounding corrections exp(-h^2 / 2) is off by up to h^2 x 6e-8 / 2
   // relative (5e-6 at |h| = 13, where Phi is 1e-38). The clamp is a select
   // (fminf stays a libm call) and maps NaN to kNormalCdfMaxArg.

@@ -3,22 +3,22 @@
 //
 // device_normal_cdf: Phi(h) = erfc(-h / sqrt 2) / 2 and exp(-h^2 / 2) in
 // about 18 instructions where CUDA's erfcf takes about 45 (the geglu-erf
-// forward ran at 67% of copy with it). With a = |h| / sqrt 2 <= 10.1:
+// forward runs at 67% of copy with erfcf). With a = |h| / sqrt 2 <= 10.1:
 // erfc(a) = u P(u) exp(-a^2), u = 1 / (1 + a / 2), P fitted by
 // fit_erfc.py: degree 8 (4.3e-8 relative) for float32 outputs, 6 (1.4e-6)
 // for 16-bit ones, its coefficients halved to give Phi. a itself is never
 // formed: u takes |h| times 1 / (2 sqrt 2), and a^2 = h^2 / 2 is exact, so
-// the rounding of -h / sqrt 2 (which moved erfc by 2 a^2 x 6e-8, 1.1e-5 at
-// h = -12.7) is gone. One reciprocal: the earlier form, P(t) / (1 + 2a)
-// with t = (a - 4) / (a + 4), took two and five more instructions, and the
-// erf-form GELU is bound by issue and by the MUFU unit together (three MUFU
-// operations per element then, two now).
+// the rounding of -h / sqrt 2 (which would move erfc by 2 a^2 x 6e-8,
+// 1.1e-5 at h = -12.7) never happens. One reciprocal: the alternative form
+// P(t) / (1 + 2a) with t = (a - 4) / (a + 4) takes two and five more
+// instructions, and the erf-form GELU is bound by issue and by the MUFU unit
+// together (two MUFU operations per element here, three in that form).
 // exp(-h^2 / 2) keeps the rounding of h^2 and of h^2 log2(e) / 2 as
 // corrections (h^2 = s + err exactly; the exponent -s log2(e) / 2 = hi +
 // lo): without them it is off by h^2 x 3e-8 relative (6e-6 at h = 14).
 // Emulated in float32 against mpmath for a in [0, 10.1] (fit_erfc.py's
 // polynomials, exact division for the reciprocal): erfc within 3.1e-7
-// relative with the corrections (the earlier form 3.9e-7), 6.7e-6 without
+// relative with the corrections (the P(t) form 3.9e-7), 6.7e-6 without
 // (7.3e-6). h > 0: Phi(h) = 1 - Phi(-h).
 // Past kNormalCdfMaxArg Phi(-|h|) and exp(-h^2 / 2) are below float32's range (the
 // ftz exp2 gives 0); for float32 outputs the clamp also keeps h^2 finite
@@ -54,9 +54,10 @@ __device__ __forceinline__ float corrected_gauss(float a) {
 // (two multiplies and two roundings, as h^2 times log2(e) / 2), and there
 // is no clamp: past kNormalCdfMaxArg 2^(-b^2) flushes to 0 (b^2 = inf
 // included) and u is 0 at |h| = inf, so Phi is exactly 0 or 1, as the clamped argument's
-// Phi rounded in 16 bits, and a NaN stays NaN. The clamp's FMNMX was one
-// instruction of ~25 per element (SASS of the bf16 erf forward: 840 -> 808
-// per 32 elements), and the H200's 16-bit erf forward is issue-bound.
+// Phi rounded in 16 bits, and a NaN stays NaN. A clamp's FMNMX would be one
+// instruction of ~25 per element (SASS of the bf16 erf forward: 840 with it,
+// 808 without, per 32 elements), and the H200's 16-bit erf forward is
+// issue-bound.
 template <bool kExpCorrected = true>
 __device__ __forceinline__ float device_normal_cdf(float h, float& gauss) {
   float u, p;

@@ -97,7 +97,8 @@ cudaError_t bwd_launch(const ActivationBwdParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// dtype -> (activation, gated) -> vector or scalar path (DESIGN rule 2).
+// dtype -> (activation, gated) -> vector or scalar path: runtime values become
+// template arguments here, once.
 // The API has no ungated SiLU: that combination is folded away.
 template <template <typename, Activation, bool, int> class Fn, typename T, typename Params>
 cudaError_t with_activation(const Params& p, bool vec, cudaStream_t stream) {

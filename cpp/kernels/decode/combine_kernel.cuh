@@ -12,7 +12,7 @@
 // latency: one round trip, where a first pass for the max and then
 // lse-dependent loads of o took five (8 us vs cuDNN's 5 us reduction kernel
 // under Nsight Compute). Eight warps keep up to 64 splits in that one trip
-// (with four, the 33rd split took a second).
+// (four hold 32, so 33 splits would take a second trip).
 #pragma once
 #include "kernels/decode/device.cuh"
 

@@ -64,8 +64,8 @@ struct Layout {
 // the rows some id reads, walking the ids (or the sorted runs), and the
 // blocks after them write the zero rows. Blocks start roughly in index
 // order, so the pass reads dout first and then streams pure writes: with the
-// reads mixed among the writes, a 1 GiB table pass was ~10% slower on the
-// H200 (bench/NOTES.md, thirty-fourth session).
+// reads mixed among the writes, a 1 GiB table pass is ~10% slower on the
+// H200.
 struct TablePhases {
   int64_t touched_blocks;
   __device__ bool touched() const { return blockIdx.x < touched_blocks; }

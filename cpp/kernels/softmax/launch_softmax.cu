@@ -68,7 +68,7 @@ Config pick_fwd_config(int64_t vectors, bool f32, bool masked) {
   // ring, refilled once x is read; half the CTAs per cluster barrier) where
   // eight CTAs of four vectors ran (both grids hold 120 CTAs on the H100):
   // f32 [4k, 128k] 1683 -> 1591 us (85% -> 89.5% of copy). 16-bit rows
-  // would spill (bench/NOTES.md, twenty-sixth session).
+  // would spill.
   if (f32 && ctas > kMaxSplit / 2 && ctas <= kMaxSplit) return {1024, 2 * vecs, kMaxSplit / 2};
   // Unmasked float32 rows of 16K-32K columns: clusters of two 512-thread
   // CTAs of eight vectors per thread (the one-stage ring above), two CTAs
@@ -284,7 +284,7 @@ unsigned warp_row_grid(int64_t rows) {
 // process: H200 bf16 [16k, 4096] 80.6 -> 72.1 us, f16 85.5 -> 75.5, bf16
 // [16k, 2048] 42.3 -> 39.3; H100 f32 [16k, 4096] 224.0 -> 214.1, bf16 [16k,
 // 8192] 199.5-201.7 -> 187.5 (one warp of 32 vectors per lane). Rows over
-// several warps (thirty-second session; bench/NOTES.md): H200 f32 [16k,
+// several warps: H200 f32 [16k,
 // 8192] 290-293 -> 263 us (86% -> 95.5% of copy), bf16 [16k, 32768] 553-555
 // -> 522.5; fewer vectors per lane on more warps helps 16-bit rows (bf16
 // [16k, 4096] 16 -> 8 vectors, one warp -> two: H200 69.6 -> 68.2, H100 94.3
@@ -396,7 +396,7 @@ cudaError_t fwd_typed(const SoftmaxFwdParams& p, cudaStream_t stream) {
 // each per lane: one to eight warps per row, past 2048 vectors clusters of
 // 2, 4 or 8 one-row blocks of eight warps. Against the rows kernels (and,
 // at 16-bit 512 vectors, one warp of 16 vectors per lane), same process,
-// H200 (thirty-third session; bench/NOTES.md): bf16 [4k, 128k] 860 -> 762
+// H200: bf16 [4k, 128k] 860 -> 762
 // us (88% -> 99.6% of copy), [16k, 32k] 811 -> 734, [16k, 8k] 206 -> 187;
 // f32 [16k, 8k] 394 -> 371, [16k, 32k] 1551 -> 1462; bf16 [16k, 4k] 96.0
 // -> 95.7. False, launching nothing, for any other row and where clusters

@@ -162,8 +162,8 @@ struct BwdConfig {
 
 template <int kHeadDim>
 struct BwdTiles;
-// Head dim 128 fits the TMA dQ tiles with a 2-stage ring (3 stages measured
-// the same, third session); so does head dim 64 with 128-query steps.
+// Head dim 128 fits the TMA dQ tiles with a 2-stage ring (3 stages measure
+// the same); so does head dim 64 with 128-query steps.
 template <>
 struct BwdTiles<64> { using type = BwdConfig<64, 2, false, false, true, false, 128>; };
 template <>

@@ -271,8 +271,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // The L2 priority of the Q loads and O stores. Each is touched once per
   // work item, while the item's K/V tiles are read again by its other query
   // tiles and by the CTAs on the same head's other items. Evict-first Q and
-  // O leave L2 to K/V: 1-2% on the H100 at head dims 128 and 256 up to S1024
-  // (bench/NOTES.md, thirtieth session); head dim 64 ran 0.5-0.8% slower.
+  // O leave L2 to K/V: 1-2% on the H100 at head dims 128 and 256 up to S1024;
+  // head dim 64 runs 0.5-0.8% slower with them, so it keeps evict-normal.
   const auto q_o_policy = [] { return kD > 64 ? l2_evict_first() : l2_evict_normal(); };
   const FwdArgs& a = p.a;
   const ShapeArgs& sh = a.shape;
@@ -356,11 +356,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // kShortFirst: the pair's lower query tile first. Both items read the
   // head's key tiles from the first on, and the head's pairs run at once on
   // neighbouring CTAs; long item first, the short item's re-reads of the
-  // first tiles came 6 key steps (at S512) after the pairs had read them,
-  // and L2 had dropped them: head dim 256, S512 causal read 246 MB on the
+  // first tiles come 6 key steps (at S512) after the pairs have read them,
+  // and L2 has dropped them: head dim 256, S512 causal reads 246 MB on the
   // H100 where 201 MB is the minimum. Short first, every re-read comes 2
-  // steps after the last read of that tile (bench/NOTES.md, thirty-first
-  // session): 116 -> 106 us there.
+  // steps after the last read of that tile: 116 -> 106 us there.
   const bool short_first = Cfg::kShortFirst && p.paired;
   struct Cursor {
     int unit, second;
