@@ -75,13 +75,15 @@ def test_no_params_and_leading_shapes(platform, kind):
 
 
 def test_kernel_in_hlo(platform):
-  # Enough rows for implementation=None to pick the kernel on every platform.
-  x, scale, bias, _ = _inputs(64, jnp.float32, lead=(norm_ops.CUDA_KERNEL_MIN_ROWS,))
-  for fn in (jaxcraft.layer_norm, lambda x, s, b: jaxcraft.rms_norm(x, s)):
-    hlo = jax.jit(fn).lower(x, scale, bias).as_text()
-    assert "jaxcraft_norm_fwd" in hlo
-  hlo = jax.jit(jax.grad(lambda x: jaxcraft.layer_norm(x).sum())).lower(x).as_text()
-  assert "jaxcraft_norm_bwd" in hlo
+  """implementation=None follows the platform's policy; a forced kernel runs."""
+  x, scale, bias, _ = _inputs(64, jnp.float32)
+  for implementation, kernel in ((None, norm_ops.default_implementation(platform) == "kernel"),
+                                 (platform, True)):
+    for norm in (jaxcraft.layer_norm, lambda x, s, b, **kw: jaxcraft.rms_norm(x, s, **kw)):
+      fn = lambda x, s, b: norm(x, s, b, implementation=implementation)
+      assert ("jaxcraft_norm_fwd" in jax.jit(fn).lower(x, scale, bias).as_text()) == kernel
+    loss = lambda x: jaxcraft.layer_norm(x, implementation=implementation).sum()
+    assert ("jaxcraft_norm_bwd" in jax.jit(jax.grad(loss)).lower(x).as_text()) == kernel
 
 
 def _loss(kind, impl, residual, x, scale, bias, res):

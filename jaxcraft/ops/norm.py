@@ -99,21 +99,25 @@ def _fwd_kernel_reference(x, residual, scale, bias, *, rms, epsilon, implementat
   return y, (h if _present(residual) else _empty(x.dtype)), (_empty() if rms else mean), rstd
 
 
-# implementation=None on a GPU runs XLA's norm for fewer rows than this: there
-# a custom call costs a launch and keeps XLA from fusing the norm with the
-# residual add and the elementwise ops beside it, which outweighs the kernel's
-# bandwidth (a decode step normalizes one row per sequence). The crossover is
-# measured between matmuls, as in a model: `python bench/run.py --ops norm_rows`
-# (docs/benchmarks.md, "Norms between matmuls").
-CUDA_KERNEL_MIN_ROWS = 1024
+# What implementation=None runs per platform: the kernel, or XLA's fusion of
+# the pure-JAX reference. On a GPU, XLA's norm between matmuls (as in a model)
+# took 0.37-0.95 of the kernel's time at every row count from 1 to 16384 rows
+# of 2048 columns, forward and forward + backward (H200): XLA fuses the norm
+# with the residual add and the elementwise ops beside it, where the custom
+# call is a fusion barrier and costs a launch. Regenerate the decision:
+# `python bench/run.py --ops norm_rows` on the GPU (docs/benchmarks.md).
+DEFAULT_IMPLEMENTATION = {"cpu": "kernel", "cuda": "xla"}
+
+
+def default_implementation(platform: str) -> str:
+  """"kernel" or "xla": what implementation=None runs on `platform`."""
+  return DEFAULT_IMPLEMENTATION.get(platform, "xla")
 
 
 def _policy(platform, avals_in, *, implementation, **_):
   """Why implementation=None runs the reference here, or None (run the kernel)."""
-  rows = math.prod(avals_in[0].shape[:-1])
-  if implementation is None and platform == "cuda" and rows < CUDA_KERNEL_MIN_ROWS:
-    return (f"the implementation=None policy runs XLA's norm for {rows} rows on cuda "
-            f"(the kernel from {CUDA_KERNEL_MIN_ROWS})")
+  if implementation is None and default_implementation(platform) == "xla":
+    return f"the implementation=None policy runs XLA's norm on {platform}"
   return None
 
 
@@ -444,11 +448,11 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, residual=None, impleme
     bias: optional floating [C]; None means zeros.
     epsilon: Python float >= 0 (static), added to the variance.
     residual: optional floating array of x's shape, cast to x.dtype.
-    implementation: None runs the kernel for the platform being compiled
-      for where it is built, except on CUDA for fewer than
-      `CUDA_KERNEL_MIN_ROWS` rows, where the pure-JAX reference (which XLA
-      fuses) is faster; elsewhere the reference. "cuda" or "cpu" forces
-      that kernel; "xla" runs the pure-JAX reference
+    implementation: None runs what `DEFAULT_IMPLEMENTATION` names for the
+      platform being compiled for: the CPU kernel on CPU; on CUDA the
+      pure-JAX reference, which XLA fuses with the ops beside it and which
+      measured faster inside a model; elsewhere the reference. "cuda" or
+      "cpu" forces that kernel; "xla" runs the pure-JAX reference
       (`layer_norm_reference`).
 
   Returns:
