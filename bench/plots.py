@@ -91,8 +91,8 @@ def _decode_plot(rows, meta, path):
 
 
 def _model_plot(rows, meta, path):
-  """bench/model.py: tokens/s of each variant over stock XLA's, per row, one panel per part
-  (generation: per mode)."""
+  """bench/model.py: jaxcraft's tokens/s over the best stock variant's (XLA or cuDNN) per
+  row, one panel per part (generation: per mode)."""
   def panel(r):
     return r["part"] if r["part"] != "generate" else f"generate ({r['mode']})"
 
@@ -100,25 +100,26 @@ def _model_plot(rows, meta, path):
     if r["part"] != "generate":
       return f"D{r['head_dim']} {r['batch']}x{r['seqlen']}"
     cache = f"{r['cache'] // 1024}k" if r["cache"] >= 1024 else str(r["cache"])
-    return f"D{r['head_dim']} B{r['batch']} cache {cache}"
+    return f"D{r['head_dim']} B{r['batch']} {cache}"
 
+  order = lambda r: (r["head_dim"], r["batch"], r.get("seqlen") or r.get("cache") or 0)
   panels = list(dict.fromkeys(panel(r) for r in rows))
-  fig, axes = plt.subplots(len(panels), 1, figsize=(10, 3 * len(panels)), squeeze=False)
+  fig, axes = plt.subplots(len(panels), 1, figsize=(10, 2.8 * len(panels)), squeeze=False)
   for ax, name in zip(axes[:, 0], panels):
-    sel = [r for r in rows if panel(r) == name]
+    sel = sorted((r for r in rows if panel(r) == name), key=order)
     labels = list(dict.fromkeys(label(r) for r in sel))
-    speed = {(r["variant"], label(r)): r["tokens_per_s"] for r in sel}
-    variants = [v for v in dict.fromkeys(r["variant"] for r in sel) if v != "xla"]
-    width = 0.8 / max(len(variants), 1)
-    for k, variant in enumerate(variants):
-      ax.bar([x + k * width for x in range(len(labels))],
-             [speed[(variant, s)] / speed[("xla", s)] if (variant, s) in speed
-              and ("xla", s) in speed else 0 for s in labels], width, label=f"{variant} / xla")
+    ours = {label(r): r["tokens_per_s"] for r in sel if r["variant"] == "jaxcraft"}
+    stock = {}
+    for r in sel:
+      if r["variant"] != "jaxcraft":
+        stock[label(r)] = max(stock.get(label(r), 0), r["tokens_per_s"])
+    labels = [s for s in labels if s in ours and s in stock]
+    ratios = [ours[s] / stock[s] for s in labels]
+    ax.bar(range(len(labels)), ratios, color=["C0" if x >= 1 else "C3" for x in ratios])
     ax.axhline(1.0, color="k", ls="--", lw=1)
-    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(labels))], labels, fontsize=7)
+    ax.set_xticks(range(len(labels)), labels, fontsize=7, rotation=30, ha="right")
     ax.set_title(f"decoder {name}")
-    ax.set_ylabel("tokens/s vs stock XLA")
-    ax.legend(fontsize=7)
+    ax.set_ylabel("jaxcraft / best stock")
   sizes = ", ".join(sorted({f"{r['layers']} layers, d_model {r['d_model']}" for r in rows}))
   fig.suptitle(f"{meta['device']} - bf16 - {sizes} - {meta['date']}")
   fig.tight_layout()
