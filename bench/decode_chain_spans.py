@@ -1,8 +1,9 @@
 """What the decode bench's chain cells hold: each implementation's two chains
-(2 and L steps, as `timing.ChainTimer` builds them) timed by host wall clock
-and, in separate runs of the same executables under the profiler, by their
-device span (first kernel's start to last kernel's end). Per step, each is
-(long - short) / (L - 2); wall minus span is host time the cell counts.
+(S and L steps, as `timing.ChainTimer` builds them: decode.CHAIN's S is
+timing.GRAPH_STEPS) timed by host wall clock and, in separate runs of the same
+executables under the profiler, by their device span (first kernel's start to
+last kernel's end). Per step, each is (long - short) / (L - S); wall minus
+span is host time the cell counts.
 jaxcraft and cuDNN alternate, in one process.
 
   python bench/decode_chain_spans.py ["1 x 128k,256 x 1k"] [rounds] [short chain length]

@@ -1,6 +1,6 @@
 // Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3",
 // SC'11) and the attention dropout keep-mask built on it. Host and device
-// code share this one definition, and jaxcraft/ops/dropout.py restates it in
+// code share this one definition, and jaxcraft/ops/attention_dropout.py restates it in
 // jax.numpy, so the CPU kernel, the CUDA kernels and the reference draw the
 // same mask bit for bit.
 #pragma once

@@ -35,7 +35,7 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // kWaveEfficiency of the best; then, where that grid is a single wave, as
 // many as the wave holds: the extra splits add no wave and shorten every
 // CTA's stream (1 x 128k: 32 -> 33 splits, 0.9% faster on the H200, 0.5% on
-// the H100; bench/NOTES.md). E.g. H100 (132 SMs x 2 CTAs), 32/8 heads, D128:
+// the H100; docs/design.md). E.g. H100 (132 SMs x 2 CTAs), 32/8 heads, D128:
 // 1 x 128k -> 33 splits, 8 x 32k -> 4, 64 x 4k and 256 x 1k -> 1.
 int choose_splits(int64_t ctas, int64_t keys, int64_t resident, int64_t max_splits) {
   const int64_t most = std::min(max_splits, keys / kMinKeysPerSplit);

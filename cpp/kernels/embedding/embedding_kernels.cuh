@@ -21,7 +21,7 @@ constexpr int kVecBytes = 16;  // one LDG.128 / STG.128
 constexpr int kPacksPerThread = 2;
 // The lookup (a pure copy) keeps more in flight: at 2 packs it reached 64% of
 // the H200's copy bandwidth on a 128k x 4096 table, at 8 packs 83-87%
-// (bench/NOTES.md). The backward kernels keep kPacksPerThread: their
+// (docs/design.md). The backward kernels keep kPacksPerThread: their
 // deterministic pass was 17-97% slower at 8.
 constexpr int kLookupPacksPerThread = 8;
 

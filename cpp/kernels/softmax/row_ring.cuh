@@ -6,7 +6,7 @@
 // with cp.async and later reads only those, so a wait on its own copies is
 // all the synchronization the ring needs. The rows kernels held their row in registers from load to
 // store, which bounded the bytes in flight per SM by the register file and
-// left each block idle across its reduction barriers (bench/NOTES.md).
+// left each block idle across its reduction barriers (docs/design.md).
 #pragma once
 #include <cstdint>
 

@@ -9,7 +9,7 @@
 // (max, sum) pairs (backward: the sum of y dy), and a row over a cluster one
 // cluster barrier. The rows kernels at these widths give a row to a block
 // of 64-1024 threads, with a block barrier per reduction and the rows
-// staged through shared memory (bench/NOTES.md). Each exponential is
+// staged through shared memory (docs/design.md). Each exponential is
 // computed twice, for the sum and for y: holding exp(x - max) in float32
 // would take twice the registers of a 16-bit row.
 #pragma once

@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // kDqByRows: warpgroup c's dQ of step i reads both warpgroups' dS^T of
   // step i, and runs in step i + 1 (once that step's dK and dV are done),
   // so that neither warpgroup waits for the other's dS^T at a barrier
-  // (5-9% faster than the barrier per step; bench/NOTES.md): dS^T buffer
+  // (5-9% faster than the barrier per step; docs/design.md): dS^T buffer
   // i % 2 is full once every consumer thread has written it, and empty
   // once every consumer thread's dQ product has read it (one arrival per
   // thread, after its own stores or wait).
@@ -1127,7 +1127,7 @@ cudaError_t launch_bwd_sm90(const BwdArgs& a, cudaStream_t stream,
   // kernel alone, S512 causal 0.90 of the time at head dim 64, 0.95 at 128,
   // 0.96 at 256 (H100; H200 0.99, 0.96, 0.96); head dim 64 S1024 0.97
   // (H100). Groups of 4 at S1024 were mixed (H100 0.98-1.00, H200
-  // 1.00-1.03; bench/NOTES.md).
+  // 1.00-1.03; docs/design.md).
   const int64_t bytes_per_head = int64_t(s.seqlen_q) * s.head_dim * 4 * (s.num_heads / s.num_kv_heads);
   const int group = tile_group(a.mask.causal, bytes_per_head, int64_t(s.num_kv_heads) * s.batch);
   p.order = tile_order(grid.x, s.num_kv_heads, s.batch, std::min(group, grid.x <= 4 ? 4 : 16));

@@ -70,13 +70,13 @@ namespace sm90 {
 // columns reading a block of ones, so O's last accumulator columns hold
 // each row's sum of P (rounded as P V uses it), rescaled with O. That drops
 // one FADD per probability from the softmax, whose issue slots at head dim
-// 64 cost about as much as the products (2-3% on full rows, bench/NOTES.md).
+// 64 cost about as much as the products (2-3% on full rows, docs/design.md).
 // kHalfTiles: without the overlap, a warpgroup's last live key tile runs
 // at half width (S = Q K^T with N = kBN / 2, P V over kBN / 2 keys) when
 // its rows see none of the tile's second half: every other warpgroup on a
 // causal diagonal when kBN is twice the warpgroup's 64 rows (head dim 64:
 // S512 causal 3-5% faster, S1024 causal 2-3.5%, full rows up to 2.6% slower,
-// bench/NOTES.md).
+// docs/design.md).
 // kBalancedPairs: causal launches run pairs (query tile r, then tile
 // m - 1 - r of the same head; a fixed stride, not the tile counter), and in
 // the upper tile the warpgroups take their rows in reverse order. On a
@@ -85,7 +85,7 @@ namespace sm90 {
 // number over the pair, and the ring, which moves at its slowest
 // warpgroup's pace, idles none (head dim 64 at S512 causal: 9 key tiles
 // each, where a tile cost its slowest warpgroup's 4 and 8; 7% faster kernel
-// alone, bench/NOTES.md).
+// alone, docs/design.md).
 template <int kHeadDim_, int kConsumers_, int kBlockN_, int kStages_, bool kOverlap_ = false,
           bool kPersistent_ = false, int kQBufs_ = 1, int kCausalPersistRows_ = 0,
           bool kOInStage_ = false, bool kSplitKV_ = false, bool kStagger_ = false,
@@ -105,14 +105,14 @@ struct FwdConfig {
   // A causal pair's item with fewer keys runs first (see short_first in the
   // kernel). Head dim 128 read only the minimum either way, and short first
   // was 3% slower there at S512 causal; head dim 64 ran 2% slower on every
-  // row with it (H200, bench/NOTES.md).
+  // row with it (H200, docs/design.md).
   static constexpr bool kShortFirst = kHeadDim >= 256;
   // A persistent grid takes its units from the tile counter (FwdArgs) at
   // head dim 64, under a causal mask single items longest first: 1.5-3%
   // faster than the fixed stride on full rows up to S4096, 6-7% on causal
   // S2048-S4096. At 128 and 256 (one Q buffer) it was up to 2% (128) and
   // 3% (256) slower at S <= 2048, so they keep the fixed stride and the
-  // causal pairs (H100, bench/NOTES.md).
+  // causal pairs (H100, docs/design.md).
   static constexpr bool kTileCounter = kHeadDim == 64;
   static constexpr int kConsumers = kConsumers_;
   static constexpr int kBlockM = kConsumers * kWgmmaM;
@@ -175,7 +175,7 @@ template <class Slab>
 constexpr int kSlabKeys = 8 * std::extent_v<std::remove_reference_t<Slab>, 1>;
 
 // Tiles per head-dim bucket (bf16/f16). Measured in the standalone
-// variants (bench/NOTES.md): two Q buffers and a third stage at head dim 64
+// variants (docs/design.md): two Q buffers and a third stage at head dim 64
 // (+7-16% at S <= 2048), a causal persistent grid up to 4096 queries at 64
 // and 128 (+3-35%; a 1-2% loss beyond), split K/V barriers and the
 // overlapped loop at head dim 256 (+3-11%; at 64 and 128 the split alone
@@ -196,7 +196,7 @@ struct FwdTiles<256> { using type = FwdConfig<256, 2, 64, 2, true, true, 1, 2048
 // 860 bytes). S512 full 2.4% and causal 2.8% faster than FwdTiles<64>
 // kernel alone, where 192-row tiles compute 576 rows for 512 (causal 9%
 // with the balanced pairs); from S1024 on twice the key tiles' softmax and
-// barrier steps lose 1-14% (H200, bench/NOTES.md). Two-warpgroup 128-row
+// barrier steps lose 1-14% (H200, docs/design.md). Two-warpgroup 128-row
 // tiles lost 14-22% at S512.
 template <int kHeadDim>
 struct FwdShortTiles {
@@ -1128,7 +1128,7 @@ cudaError_t launch_fwd_sm90(const FwdArgs& a, cudaStream_t stream,
   // S1024 151 -> 141, S2048 238 -> 230, S4096 420 -> 413; D256 S512 127 ->
   // 119, S1024 147 -> 138, S2048 217 -> 209 (unpaired rows lost 4-8% with
   // it: D128 S8192, D256 S4096 and S8192). Head dim 64 (192-query tiles)
-  // lost 14-28% at S512-S2048 and keeps the groups (bench/NOTES.md).
+  // lost 14-28% at S512-S2048 and keeps the groups (docs/design.md).
   const bool head_major = p.paired && Cfg::kHeadDim >= 128;
   p.order = tile_order(unit_tiles, s.num_heads, s.batch,
                        head_major ? 1

@@ -64,7 +64,7 @@ inline TileOrder tile_order(int tiles, int heads, int batches, int group) {
 
 // Multiply-shift divisions only: the persistent forward decodes each work
 // item it takes, on the item's critical path, where 64-bit divisions cost
-// 3-11% at S <= 1024 (bench/NOTES.md). The launchers keep idx below 2^31.
+// 3-11% at S <= 1024 (docs/design.md). The launchers keep idx below 2^31.
 __device__ __forceinline__ TileItem tile_item_at(int idx, const TileOrder& o) {
   uint32_t chunk, within, rank, in_group, batch, head;
   o.group_tiles.divmod(idx, chunk, within);
