@@ -9,6 +9,26 @@ from flax.linen import dtypes
 from jaxcraft.ops import norm as norm_ops
 
 
+def call_doc(flax_module: str) -> str:
+  """The docstring of the linen and nnx norm modules' `__call__`."""
+  return f"""Normalizes x, as `{flax_module}.__call__`.
+
+    Args:
+      x: [..., features].
+      mask: Flax's; given, Flax's own module runs.
+      residual: optional array of x's shape (jaxcraft extension): normalize
+        h = x + residual in one fused kernel.
+
+    Returns:
+      The normalized x in Flax's result dtype; with `residual`, the pair
+      (norm(h), h).
+
+    Raises:
+      ValueError: `residual` with a mask or a configuration the kernel does
+        not take.
+    """
+
+
 def kernel_applies(module) -> bool:
   """The kernel normalizes over the last axis of one device's array; other
   configurations (several axes, cross-device statistics) stay with Flax."""

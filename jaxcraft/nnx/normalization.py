@@ -17,22 +17,6 @@ class LayerNorm(nnx.LayerNorm):
   """
 
   def __call__(self, x, *, mask=None, residual=None):
-    """Normalizes x, as `flax.nnx.LayerNorm.__call__`.
-
-    Args:
-      x: [..., features].
-      mask: Flax's; given, Flax's own module runs.
-      residual: optional array of x's shape (jaxcraft extension): normalize
-        h = x + residual in one fused kernel.
-
-    Returns:
-      The normalized x in Flax's result dtype; with `residual`, the pair
-      (norm(h), h).
-
-    Raises:
-      ValueError: `residual` with a mask or a configuration the kernel does
-        not take.
-    """
     if not _flax_norm.use_kernel(self, mask, residual):
       return super().__call__(x, mask=mask)
     scale = self.scale[...] if self.scale else None
@@ -50,24 +34,13 @@ class RMSNorm(nnx.RMSNorm):
   """
 
   def __call__(self, x, *, mask=None, residual=None):
-    """Normalizes x, as `flax.nnx.RMSNorm.__call__`.
-
-    Args:
-      x: [..., features].
-      mask: Flax's; given, Flax's own module runs.
-      residual: optional array of x's shape (jaxcraft extension): normalize
-        h = x + residual in one fused kernel.
-
-    Returns:
-      The normalized x in Flax's result dtype; with `residual`, the pair
-      (norm(h), h).
-
-    Raises:
-      ValueError: `residual` with a mask or a configuration the kernel does
-        not take.
-    """
     if not _flax_norm.use_kernel(self, mask, residual):
       return super().__call__(x, mask=mask)
     scale = self.scale[...] if self.scale else None
     return _flax_norm.normalize(x, scale, None, dtype=self.dtype, epsilon=self.epsilon, rms=True,
                                 residual=residual)
+
+
+# One docstring for the four modules' __call__ (_flax_norm.call_doc).
+LayerNorm.__call__.__doc__ = _flax_norm.call_doc("flax.nnx.LayerNorm")
+RMSNorm.__call__.__doc__ = _flax_norm.call_doc("flax.nnx.RMSNorm")
