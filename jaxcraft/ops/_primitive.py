@@ -39,11 +39,10 @@ def check_implementation(implementation: str | None) -> None:
         f"{implementation!r}")
   if implementation in KERNEL_PLATFORMS and not _ffi.has_kernels(implementation):
     why = _ffi.extension_error()
-    raise ValueError(
-        f"implementation={implementation!r}: jaxcraft was built without "
-        f"{implementation} kernels"
-        + (f" (the extension failed to import: {why})" if why else
-           " (rebuild with a CUDA toolkit and JAXCRAFT_ENABLE_CUDA=ON)"))
+    if implementation == "cuda":
+      raise ValueError(f"implementation='cuda': {_ffi.cuda_kernels_missing()}")
+    raise ValueError(f"implementation={implementation!r}: jaxcraft was built without "
+                     f"{implementation} kernels (the extension failed to import: {why})")
 
 
 def policy_choice(entry, dtype):
@@ -85,9 +84,10 @@ def kernel_primitive(name: str, *, target: str, abstract_eval: Callable,
           f"implementation={implementation!r} was requested, but this "
           f"computation is being compiled for {platform}")
     why = unsupported(platform, ctx.avals_in, **params) if unsupported else None
-    if not _ffi.has_kernels(platform) and platform == "cuda":
+    built = _ffi.has_kernels(platform)
+    if platform == "cuda" and not built:
       _ffi.warn_cuda_kernels_missing()
-    if _ffi.has_kernels(platform) and why is None:
+    if built and why is None:
       return jax.ffi.ffi_lowering(target)(ctx, *args, **ffi_attrs(**params))
     if implementation == platform:
       check_implementation(implementation)  # raises if the kernels are not built
