@@ -7,11 +7,13 @@
 set -euo pipefail
 wheel=$(realpath "$1"); shift
 python=${PYTHON:-python3}
-site=$(mktemp -d) tests=$(mktemp -d)
-trap 'rm -rf "$site" "$tests"' EXIT
+site=$(mktemp -d) copy=$(mktemp -d)
+trap 'rm -rf "$site" "$copy"' EXIT
 "$python" -m pip install -q --no-deps --no-index --target "$site" "$wheel"
-cp -r "$(dirname "$0")/../tests/." "$tests"
-cd "$tests"
+# The tests, and the files tests/test_readme.py reads, without the package source.
+src=$(dirname "$0")/..
+mkdir "$copy/.ci" && cp -r "$src/tests" "$copy/" && cp "$src/README.md" "$copy/" && cp "$src/.ci/run" "$copy/.ci/"
+cd "$copy/tests"
 export PATH=$(dirname "$(command -v "$python")"):/usr/bin:/bin PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
 echo "nvcc on PATH: $(command -v nvcc || echo none)"
 "$python" -P -c "import jaxcraft; print('jaxcraft from', jaxcraft.__file__)"
