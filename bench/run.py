@@ -23,7 +23,7 @@ MODULES = {"train": "train_step"}  # op -> bench module, where the names differ
 def main():
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument("--ops", default="norm", help="comma-separated: norm, attention, variants, decode, train, ring"
-                      ", activations, embedding, softmax, model")
+                      ", activations, embedding, softmax, model, row_counts")
   parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "out"))
   args = parser.parse_args()
   out = pathlib.Path(args.out)

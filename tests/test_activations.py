@@ -190,6 +190,7 @@ def test_policy_decides_implementation_none(platform, op, approximate, monkeypat
   x, bias = _inputs(op, 64, F32)
   lowered = lambda impl: jax.jit(jax.value_and_grad(
       lambda x: jnp.sum(_call(op, approximate, x, bias, impl)))).lower(x).as_text()
+  monkeypatch.setattr(act_ops, "FORWARD_KERNEL_MIN_SIZE", {})  # the table alone, at any size
   for choice in [("kernel", "kernel"), ("xla", "kernel"), ("kernel", "xla"), ("xla", "xla")]:
     monkeypatch.setitem(act_ops.DEFAULT_IMPLEMENTATION, (variant, platform), choice)
     text = lowered(None)
@@ -221,6 +222,7 @@ def test_policy_by_dtype(platform, monkeypatch):
   """An entry keyed by dtype decides by x's dtype, each pass on its own."""
   choices = {"float32": ("xla", "xla"), "bfloat16": ("kernel", "xla"), "float16": ("xla", "kernel")}
   monkeypatch.setitem(act_ops.DEFAULT_IMPLEMENTATION, ("swiglu", platform), choices)
+  monkeypatch.setattr(act_ops, "FORWARD_KERNEL_MIN_SIZE", {})
   for name, choice in choices.items():
     x, _ = _inputs("swiglu", 64, jnp.dtype(name))
     text = jax.jit(jax.value_and_grad(

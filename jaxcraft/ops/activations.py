@@ -61,6 +61,15 @@ DEFAULT_IMPLEMENTATION = {
     ("geglu", "cpu"): _XLA_F32_KERNEL_BWD_16,
     ("geglu_erf", "cpu"): _XLA_F32_KERNEL_BWD_16,
 }
+# A forward "kernel" entry holds from this many elements of x on: below, a
+# custom call's launch outweighs what the kernel saves, and XLA's activation
+# fused beside the matmuls is faster (decode rows, inference at small
+# batches). Measured between a decoder's matmuls, forward alone, bf16, H200
+# (x of 1-1024 rows: XLA 2-14% faster for swiglu, geglu and gelu; from 4096
+# rows, 11.5M-46M elements, the kernel ties or leads):
+# `python bench/run.py --ops row_counts` (docs/benchmarks.md). The backward
+# runs in training steps, whose sizes the table was measured at.
+FORWARD_KERNEL_MIN_SIZE = {"cuda": 1 << 24}
 VARIANTS = tuple(dict.fromkeys(v for v, _ in DEFAULT_IMPLEMENTATION))
 PASSES = ("fwd", "bwd")
 
@@ -71,12 +80,15 @@ def variant_name(op: str, activation: int) -> str:
 
 
 def default_implementation(variant: str, platform: str, pass_: str = "fwd",
-                           dtype=jnp.float32) -> str:
+                           dtype=jnp.float32, size: int | None = None) -> str:
   """"kernel" or "xla": what `implementation=None` runs for the forward or
   backward pass (`pass_`) of an op variant (see DEFAULT_IMPLEMENTATION) on
-  `platform`, for x of `dtype`."""
+  `platform`, for x of `dtype` with `size` elements (None: any size the
+  table holds for, see FORWARD_KERNEL_MIN_SIZE)."""
   choice = _primitive.policy_choice(
       DEFAULT_IMPLEMENTATION.get((variant, platform), ("xla", "xla")), dtype)
+  if pass_ == "fwd" and size is not None and size < FORWARD_KERNEL_MIN_SIZE.get(platform, 0):
+    return "xla"
   return choice[PASSES.index(pass_)]
 
 
@@ -147,10 +159,11 @@ def _policy(pass_, platform, avals_in, *, op, activation, implementation, **_):
   """The policy table's choice, under implementation=None only (a forced
   kernel always runs)."""
   variant = variant_name(op, activation)
-  dtype = avals_in[0].dtype  # x's (the forward's x, the backward's dy)
-  if implementation is None and default_implementation(variant, platform, pass_, dtype) == "xla":
+  x = avals_in[0]  # the forward's x, the backward's dy
+  if (implementation is None
+      and default_implementation(variant, platform, pass_, x.dtype, x.size) == "xla"):
     return (f"the implementation=None policy runs XLA for {variant} {pass_} on {platform} "
-            f"({jnp.dtype(dtype).name})")
+            f"({jnp.dtype(x.dtype).name}, {x.size} elements)")
   return None
 
 
@@ -500,8 +513,9 @@ def gelu(x, approximate=True, *, implementation=None):
     approximate: Python bool (static): the tanh form if True, else the
       exact erf form.
     implementation: None takes the policy table's choice for the platform,
-      pass and dtype (`DEFAULT_IMPLEMENTATION`: the kernel, or the pure-JAX
-      reference, which XLA fuses, where that is faster); "cuda" or "cpu"
+      pass, dtype and size (`DEFAULT_IMPLEMENTATION`, `FORWARD_KERNEL_MIN_SIZE`:
+      the kernel, or the pure-JAX reference, which XLA fuses, where that is
+      faster); "cuda" or "cpu"
       forces that kernel; "xla" runs the pure-JAX reference
       (`gelu_reference`).
 
@@ -531,8 +545,9 @@ def bias_gelu(x, bias, approximate=True, *, implementation=None):
     bias: floating [C].
     approximate: Python bool (static): the tanh form if True, else erf.
     implementation: None takes the policy table's choice for the platform,
-      pass and dtype (`DEFAULT_IMPLEMENTATION`: the kernel, or the pure-JAX
-      reference, which XLA fuses, where that is faster); "cuda" or "cpu"
+      pass, dtype and size (`DEFAULT_IMPLEMENTATION`, `FORWARD_KERNEL_MIN_SIZE`:
+      the kernel, or the pure-JAX reference, which XLA fuses, where that is
+      faster); "cuda" or "cpu"
       forces that kernel; "xla" runs the pure-JAX reference
       (`bias_gelu_reference`).
 
@@ -564,8 +579,9 @@ def swiglu(x, *, implementation=None):
   Args:
     x: [..., 2C] float32, bfloat16 or float16.
     implementation: None takes the policy table's choice for the platform,
-      pass and dtype (`DEFAULT_IMPLEMENTATION`: the kernel, or the pure-JAX
-      reference, which XLA fuses, where that is faster); "cuda" or "cpu"
+      pass, dtype and size (`DEFAULT_IMPLEMENTATION`, `FORWARD_KERNEL_MIN_SIZE`:
+      the kernel, or the pure-JAX reference, which XLA fuses, where that is
+      faster); "cuda" or "cpu"
       forces that kernel; "xla" runs the pure-JAX reference
       (`swiglu_reference`).
 
@@ -592,8 +608,9 @@ def geglu(x, approximate=True, *, implementation=None):
     x: [..., 2C] float32, bfloat16 or float16.
     approximate: Python bool (static): the tanh form if True, else erf.
     implementation: None takes the policy table's choice for the platform,
-      pass and dtype (`DEFAULT_IMPLEMENTATION`: the kernel, or the pure-JAX
-      reference, which XLA fuses, where that is faster); "cuda" or "cpu"
+      pass, dtype and size (`DEFAULT_IMPLEMENTATION`, `FORWARD_KERNEL_MIN_SIZE`:
+      the kernel, or the pure-JAX reference, which XLA fuses, where that is
+      faster); "cuda" or "cpu"
       forces that kernel; "xla" runs the pure-JAX reference
       (`geglu_reference`).
 

@@ -36,12 +36,12 @@ _CUDA_MAX_CACHE_ROWS = 2**31 - 1
 # from shapes alone (it picks from the shape and the SM count, never more than
 # the scratch holds). Splits only serve to fill the GPU: past ~1024 resident
 # CTAs (more than any current GPU holds: H100 132 SMs x 2) they add nothing,
-# and a split is never shorter than 256 keys. The CUDA CTA covers 16 query
+# and a split is never shorter than one 64-key tile. The CUDA CTA covers 16 query
 # rows of a KV head's group. So the scratch stays under 1024 x 16 rows of
 # H + 1 floats (8.4 MB at H = 128) for any shape.
 _ROWS_PER_CTA = 16
 _MAX_RESIDENT_CTAS = 1024
-_MIN_KEYS_PER_SPLIT = 256
+_TILE_KEYS = 64
 _MAX_SPLITS = 128
 
 _NO_GRADIENT = ("decode_attention is inference-only: it has no gradient (no backward kernel). "
@@ -81,7 +81,7 @@ def _max_splits(cfg, q_shape, k_shape, tables_shape) -> int:
   if cfg.window_left != _UNBOUNDED:
     span = min(span, Tq + cfg.window_left)
   bound = min(_MAX_SPLITS, math.ceil(_MAX_RESIDENT_CTAS / max(ctas, 1)),
-              span // _MIN_KEYS_PER_SPLIT)
+              math.ceil(span / _TILE_KEYS))
   return bound if bound > 1 else 0
 
 

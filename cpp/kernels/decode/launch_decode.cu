@@ -20,7 +20,10 @@ using decode::DecodeArgs;
 constexpr size_t kDefaultSmemLimit = 48 * 1024;  // above this a kernel must opt in
 
 // A split shorter than this many keys spends more on its pipeline fill and
-// its partial write + combine than the extra parallelism saves.
+// its partial write + combine than the extra parallelism saves, unless even
+// splits of this length leave the grid under one wave (short caches at small
+// batches): there the call is one round of loads, and its time is the
+// longest CTA's, so splits go down to one key tile.
 constexpr int64_t kMinKeysPerSplit = 256;
 // Accept the fewest splits whose last wave is at least this full, relative to
 // the best split count: more splits only add partials to write and combine.
@@ -36,9 +39,13 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // many as the wave holds: the extra splits add no wave and shorten every
 // CTA's stream (1 x 128k: 32 -> 33 splits, 0.9% faster on the H200, 0.5% on
 // the H100; docs/design.md). E.g. H100 (132 SMs x 2 CTAs), 32/8 heads, D128:
-// 1 x 128k -> 33 splits, 8 x 32k -> 4, 64 x 4k and 256 x 1k -> 1.
-int choose_splits(int64_t ctas, int64_t keys, int64_t resident, int64_t max_splits) {
-  const int64_t most = std::min(max_splits, keys / kMinKeysPerSplit);
+// 1 x 128k -> 33 splits, 1 x 1k -> 16 (one tile each), 8 x 32k -> 4, 64 x 4k
+// and 256 x 1k -> 1.
+int choose_splits(int64_t ctas, int64_t keys, int64_t resident, int64_t max_splits,
+                  int64_t tile_keys) {
+  int64_t most = std::min(max_splits, keys / kMinKeysPerSplit);
+  if (ctas * std::max<int64_t>(most, 1) < resident)
+    most = std::min(max_splits, ceil_div(keys, tile_keys));
   if (most <= 1 || ctas <= 0) return 1;
   auto fill = [&](int64_t splits) {
     const double waves = static_cast<double>(ctas * splits) / static_cast<double>(resident);
@@ -81,7 +88,8 @@ cudaError_t run(const DecodeParams& p, void (*kernel)(DecodeArgs), size_t smem,
   int64_t keys = p.capacity();  // the longest key span a query group can see
   if (p.window_left >= 0) keys = std::min(keys, p.seqlen_q + p.window_left);
   const bool have_scratch = p.partial_o != nullptr && p.partial_lse != nullptr;
-  a.num_splits = choose_splits(ctas, keys, sms * per_sm, have_scratch ? p.max_splits : 1);
+  a.num_splits = choose_splits(ctas, keys, sms * per_sm, have_scratch ? p.max_splits : 1,
+                               Cfg::kBlockN);
 
   const int64_t grid = ctas * a.num_splits;
   if (grid <= 0) return cudaSuccess;
