@@ -359,6 +359,7 @@ def _step(x, bias):
 def test_export_round_trip(platform, monkeypatch):
   for variant in act_ops.VARIANTS:  # the artifact runs the kernels, whatever the policy
     monkeypatch.setitem(act_ops.DEFAULT_IMPLEMENTATION, (variant, platform), ("kernel", "kernel"))
+  monkeypatch.setattr(act_ops, "FORWARD_KERNEL_MIN_SIZE", {})
   x = random(jax.random.key(11), (4, 8, 64), jnp.bfloat16, scale=2.0)
   bias = random(jax.random.key(12), (64,), F32)
   exported = jax.export.export(jax.jit(_step), platforms=(platform,),
