@@ -64,9 +64,10 @@ DEFAULT_IMPLEMENTATION = {
 # A forward "kernel" entry holds from this many elements of x on: below, a
 # custom call's launch outweighs what the kernel saves, and XLA's activation
 # fused beside the matmuls is faster (decode rows, inference at small
-# batches). Measured between a decoder's matmuls, forward alone, bf16, H200
-# (x of 1-1024 rows: XLA 2-14% faster for swiglu, geglu and gelu; from 4096
-# rows, 11.5M-46M elements, the kernel ties or leads):
+# batches). Measured between the matmuls of a decoder's MLP (d_model 2048,
+# width 5632), forward, bf16, H200: at 1-1024 rows XLA is up to 20% faster
+# (but for gelu at 256 rows); from 4096 rows (23M-46M elements of x) the
+# kernel ties or leads:
 # `python bench/run.py --ops row_counts` (docs/benchmarks.md). The backward
 # runs in training steps, whose sizes the table was measured at.
 FORWARD_KERNEL_MIN_SIZE = {"cuda": 1 << 24}
