@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 
 from jaxcraft.ops import attention as attention_ops
@@ -22,9 +23,29 @@ def _flatten_batch(x, batch_shape, keep: int):
   return x.reshape(math.prod(batch_shape), *x.shape[len(batch_shape):])
 
 
+def kernel_precision(precision):
+  """Flax's `precision` as `jaxcraft.dot_product_attention`'s (a
+  `jax.lax.Precision` or None), or False where jaxcraft cannot honour it
+  (a dot algorithm, or different precisions for the two operands): Flax's
+  own implementation runs those. One precision, or a pair of equal ones,
+  maps onto jaxcraft: 16-bit inputs are exact products accumulated in
+  float32 under any of them, and float32 takes it in the reference's
+  matmuls (the CPU kernel's float32 is full precision)."""
+  if isinstance(precision, (tuple, list)):
+    if len(precision) != 2 or precision[0] != precision[1]:
+      return False
+    precision = precision[0]
+  if precision is None:
+    return None
+  try:
+    return jax.lax.Precision(precision)
+  except (TypeError, ValueError):
+    return False
+
+
 def kernel_attention(query, key, value, bias=None, mask=None, *, is_causal=False,
                      dropout_rate=0.0, dropout_rng=None, deterministic=True,
-                     broadcast_dropout=True):
+                     broadcast_dropout=True, precision=None):
   """Flax's attention (inputs [batch..., length, heads, depth], masks
   broadcastable to [batch..., heads, q_length, kv_length], float 0/1 or bool)
   computed by `jaxcraft.dot_product_attention`, which takes one batch axis.
@@ -50,7 +71,7 @@ def kernel_attention(query, key, value, bias=None, mask=None, *, is_causal=False
                    dropout_broadcast=bool(broadcast_dropout))
   out = attention_ops.dot_product_attention(
       flat(query, 3), flat(key, 3), flat(value, 3), flat(bias, 3), flat(mask, 3),
-      is_causal=is_causal, **dropout)
+      is_causal=is_causal, precision=precision, **dropout)
   return out.reshape(query.shape[:-1] + value.shape[-1:])
 
 

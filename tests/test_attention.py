@@ -236,8 +236,10 @@ def test_bad_input():
     jaxcraft.dot_product_attention(q, k, v, local_window_size=(-2, 1))
   with pytest.raises(ValueError, match="must all be 4-D"):
     jaxcraft.dot_product_attention(q[0, 0], k[0, 0], v[0, 0])
-  with pytest.raises(TypeError, match="query must be float32, bfloat16 or float16"):
+  with pytest.raises(TypeError, match="query must be float32, bfloat16, float16 or float64"):
     jaxcraft.dot_product_attention(q.astype(jnp.int32), k.astype(jnp.int32), v.astype(jnp.int32))
+  with pytest.raises(ValueError, match="precision must be None, a jax.lax.Precision"):
+    jaxcraft.dot_product_attention(q, k, v, precision="sloppy")
 
 
 @pytest.mark.gpu

@@ -254,7 +254,7 @@ def test_bad_input():
   ids = jnp.arange(4)
   with pytest.raises(ValueError, match=r"table must have shape \[V, D\]"):
     jaxcraft.embedding_lookup(jnp.ones(8), ids)
-  with pytest.raises(TypeError, match="table must be float32, bfloat16 or float16"):
+  with pytest.raises(TypeError, match="table must be float32, bfloat16, float16 or float64"):
     jaxcraft.embedding_lookup(jnp.ones((4, 8), jnp.int32), ids)
   with pytest.raises(TypeError, match="ids must have an integer dtype; got dtype float32"):
     jaxcraft.embedding_lookup(table, jnp.ones(3))

@@ -12,6 +12,7 @@ import flax.linen as linen  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import jaxcraft  # noqa: E402
+from jaxcraft import _ffi  # noqa: E402
 from jaxcraft.ops import norm as norm_ops  # noqa: E402
 from numerics import assert_close, f64, random  # noqa: E402
 
@@ -218,3 +219,43 @@ def test_kernels_run_inside_the_block(platform):
     targets.append("jaxcraft_activation_bwd")
   for target in targets:
     assert f'"{target}"' in hlo or f"@{target}" in hlo, target
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_precision_maps_onto_the_kernel(platform, dtype):
+  """Flax's modules given `precision=` run jaxcraft's attention (the kernel,
+  where the platform's kernel takes the dtype), matching Flax at that
+  precision; a precision jaxcraft cannot honour (two different ones) runs
+  Flax's own implementation, bit for bit."""
+  hi = jax.lax.Precision.HIGHEST
+  x = random(jax.random.key(0), (2, 19, 64), dtype)
+  mask = linen.make_causal_mask(jnp.ones((2, 19)))
+  kernel_runs = platform == "cpu" or dtype != jnp.float32  # CUDA's float32: the reference
+  calls_kernel = lambda fn, *a: f"@{_ffi.ATTENTION_FWD}(" in jax.jit(fn).lower(*a).as_text()
+  with jax.default_matmul_precision("highest"):
+    linen_ref = linen.MultiHeadDotProductAttention(num_heads=4, dtype=jnp.float32)
+  for precision, kernel in [(hi, kernel_runs), ((hi, jax.lax.Precision.DEFAULT), False)]:
+    kw = dict(num_heads=4, dtype=dtype, precision=precision)
+    ours = linen.MultiHeadDotProductAttention(attention_fn=jaxcraft.nn.dot_product_attention, **kw)
+    theirs = linen.MultiHeadDotProductAttention(**kw)
+    params = theirs.init(jax.random.key(1), x)
+    assert calls_kernel(lambda p: ours.apply(p, x, mask=mask), params) == kernel, precision
+    with jax.default_matmul_precision("highest"):
+      ref = f64(linen_ref.apply(params, x.astype(jnp.float32), mask=mask))
+    if kernel:
+      assert_close(ours.apply(params, x, mask=mask), theirs.apply(params, x, mask=mask), ref)
+    else:
+      np.testing.assert_array_equal(ours.apply(params, x, mask=mask),
+                                    theirs.apply(params, x, mask=mask))
+    kw = dict(decode=False, dtype=dtype, precision=precision)
+    ours = nnx.MultiHeadAttention(4, 64, attention_fn=jaxcraft.nnx.dot_product_attention,
+                                  rngs=nnx.Rngs(0), **kw)
+    theirs = nnx.MultiHeadAttention(4, 64, rngs=nnx.Rngs(0), **kw)
+    assert calls_kernel(lambda x: ours(x, mask=mask), x) == kernel, precision
+    if kernel:
+      with jax.default_matmul_precision("highest"):
+        ref = f64(nnx.MultiHeadAttention(4, 64, decode=False, rngs=nnx.Rngs(0))(
+            x.astype(jnp.float32), mask=mask))
+      assert_close(ours(x, mask=mask), theirs(x, mask=mask), ref)
+    else:
+      np.testing.assert_array_equal(ours(x, mask=mask), theirs(x, mask=mask))

@@ -205,7 +205,7 @@ def test_bad_input():
     jaxcraft.layer_norm(x, jnp.ones(7))
   with pytest.raises(ValueError, match="bias must have shape"):
     jaxcraft.layer_norm(x, None, jnp.ones((1, 8)))
-  with pytest.raises(TypeError, match="x must be float32, bfloat16 or float16"):
+  with pytest.raises(TypeError, match="x must be float32, bfloat16, float16 or float64"):
     jaxcraft.rms_norm(jnp.ones((4, 8), jnp.int32))
   with pytest.raises(ValueError, match="x must have at least one axis"):
     jaxcraft.layer_norm(jnp.float32(1.0))

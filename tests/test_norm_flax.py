@@ -69,3 +69,22 @@ def test_nnx_matches_flax(platform, cls, dtype):
   g2 = nnx.grad(lambda m: jnp.sum(jnp.sin(m(x))))(theirs)
   for u, v in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
     np.testing.assert_allclose(f64(u), f64(v), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("cls", ["LayerNorm", "RMSNorm"])
+def test_nnx_promote_dtype_and_dtype_match_flax(platform, cls):
+  """nnx's `promote_dtype` runs first and `dtype` casts x before the norm,
+  as in Flax: the same dtype and, but for a rare last-bit rounding of the
+  statistics, the same float16 values (normalizing before the cast changes
+  about 30% of them by one bit)."""
+  if "promote_dtype" not in getattr(nnx, cls).__init__.__code__.co_varnames:
+    pytest.skip("this Flax has no promote_dtype")
+  x = random(jax.random.key(2), (8, 96), jnp.float32, scale=2.0, offset=0.3)
+  to_f16 = lambda args, dtype=None, **_: tuple(None if a is None else a.astype(jnp.float16)
+                                               for a in args)
+  for kw in (dict(promote_dtype=to_f16), dict(dtype=jnp.float16)):
+    ours = getattr(jaxcraft.nnx, cls)(96, rngs=nnx.Rngs(0), **kw)(x)
+    theirs = getattr(nnx, cls)(96, rngs=nnx.Rngs(0), **kw)(x)
+    assert ours.dtype == theirs.dtype == jnp.float16, kw
+    assert np.mean(f64(ours) != f64(theirs)) < 0.01, kw
+    np.testing.assert_allclose(f64(ours), f64(theirs), rtol=2e-3, atol=2e-3)

@@ -295,7 +295,7 @@ def test_export_round_trip(platform, monkeypatch):
 # ----------------------------------------------------------------- bad input
 def test_bad_input():
   x = jnp.ones((4, 8), F32)
-  with pytest.raises(TypeError, match="x must be float32, bfloat16 or float16"):
+  with pytest.raises(TypeError, match="x must be float32, bfloat16, float16 or float64"):
     jaxcraft.softmax(jnp.ones((4, 8), jnp.int32))
   with pytest.raises(TypeError, match="x must be an array"):
     jaxcraft.softmax("logits")

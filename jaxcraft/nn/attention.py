@@ -24,8 +24,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
   Pass it as `attention_fn=` of `flax.linen.MultiHeadDotProductAttention`.
   Softmax is always computed in float32 (as with
   `force_fp32_for_softmax=True`). Calls that need the attention weights
-  themselves (`module` to sow them, custom einsums or `precision`) run
-  Flax's own implementation. A query whose keys are all masked gives zeros,
+  themselves (`module` to sow them, custom einsums) or a `precision`
+  jaxcraft cannot honour run Flax's own implementation. A query whose keys are all masked gives zeros,
   where Flax gives the mean of the values.
 
   Args:
@@ -44,7 +44,11 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
       (`jaxcraft.attention_dropout_mask`), not Flax's bernoulli draw.
     deterministic: True disables dropout.
     dtype: the computation dtype (default: promoted from the inputs).
-    precision: Flax's; given, Flax's implementation runs.
+    precision: Flax's. One `jax.lax.Precision` (or a pair of equal ones)
+      runs jaxcraft: 16-bit inputs are exact products accumulated in
+      float32 under any precision, float32 takes it (see
+      `jaxcraft.dot_product_attention`); a dot algorithm, or two different
+      precisions, run Flax's implementation.
     module: Flax's (to sow the weights); given, Flax's implementation runs.
     force_fp32_for_softmax: accepted for Flax's signature; softmax is float32
       anyway.
@@ -63,7 +67,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
       errors for the shapes.
     TypeError: `jaxcraft.dot_product_attention`'s dtype errors.
   """
-  custom_math = precision is not None or any(
+  kernel_precision = _flax_attention.kernel_precision(precision)
+  custom_math = kernel_precision is False or any(
       f is not None for f in (einsum_dot_general, qk_attn_weights_einsum,
                               attn_weights_value_einsum))
   if module is not None or custom_math:
@@ -75,7 +80,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
   query, key, value = dtypes.promote_dtype(query, key, value, dtype=dtype)
   return _flax_attention.kernel_attention(
       query, key, value, bias, mask, is_causal=is_causal, dropout_rate=dropout_rate,
-      dropout_rng=dropout_rng, deterministic=deterministic, broadcast_dropout=broadcast_dropout)
+      dropout_rng=dropout_rng, deterministic=deterministic, broadcast_dropout=broadcast_dropout,
+      precision=kernel_precision)
 
 
 class MultiHeadAttention(linen.Module):

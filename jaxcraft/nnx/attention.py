@@ -20,8 +20,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
   """Drop-in for `flax.nnx.dot_product_attention`, run by the jaxcraft kernel.
 
   Pass it as `attention_fn=` of `flax.nnx.MultiHeadAttention`. Softmax is
-  always float32. `module` (to sow the weights) or `precision` run Flax's own
-  implementation. A query whose keys are all masked gives zeros, where Flax
+  always float32. `module` (to sow the weights) or a `precision` jaxcraft
+  cannot honour run Flax's own implementation. A query whose keys are all masked gives zeros, where Flax
   gives the mean of the values.
 
   Args:
@@ -40,7 +40,11 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
       (`jaxcraft.attention_dropout_mask`), not Flax's bernoulli draw.
     deterministic: True disables dropout.
     dtype: the computation dtype (default: promoted from the inputs).
-    precision: Flax's; given, Flax's implementation runs.
+    precision: Flax's. One `jax.lax.Precision` (or a pair of equal ones)
+      runs jaxcraft: 16-bit inputs are exact products accumulated in
+      float32 under any precision, float32 takes it (see
+      `jaxcraft.dot_product_attention`); a dot algorithm, or two different
+      precisions, run Flax's implementation.
     module: Flax's (to sow the weights); given, Flax's implementation runs.
     promote_dtype: Flax's dtype promotion function for (query, key, value).
     is_causal: query i attends to keys j <= i without a mask array (the
@@ -55,7 +59,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
       errors for the shapes.
     TypeError: `jaxcraft.dot_product_attention`'s dtype errors.
   """
-  if module is not None or precision is not None:
+  kernel_precision = _flax_attention.kernel_precision(precision)
+  if module is not None or kernel_precision is False:
     key, value, mask = _flax_attention.fallback_inputs(query, key, value, mask, is_causal)
     return nnx.dot_product_attention(query, key, value, bias, mask, broadcast_dropout,
                                      dropout_rng, dropout_rate, deterministic, dtype, precision,
@@ -63,7 +68,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
   query, key, value = promote_dtype((query, key, value), dtype=dtype)
   return _flax_attention.kernel_attention(
       query, key, value, bias, mask, is_causal=is_causal, dropout_rate=dropout_rate,
-      dropout_rng=dropout_rng, deterministic=deterministic, broadcast_dropout=broadcast_dropout)
+      dropout_rng=dropout_rng, deterministic=deterministic, broadcast_dropout=broadcast_dropout,
+      precision=kernel_precision)
 
 
 def _rope_attention(attention_fn, query, key, value, *args, rope_base, **kwargs):

@@ -8,6 +8,16 @@ from flax import nnx
 from jaxcraft import _flax_norm
 
 
+def _promote(module, x, scale, bias):
+  """The module's `promote_dtype` applied to its inputs before the norm, as
+  Flax's modules do (casting x to `dtype` first). Flax versions without the
+  attribute promote inside the norm only, as `_flax_norm.normalize` does."""
+  promote = getattr(module, "promote_dtype", None)
+  if promote is None:
+    return x, scale, bias
+  return promote((x, scale, bias), dtype=module.dtype)
+
+
 class LayerNorm(nnx.LayerNorm):
   """Drop-in for `flax.nnx.LayerNorm`, run by `jaxcraft.layer_norm`.
 
@@ -21,6 +31,7 @@ class LayerNorm(nnx.LayerNorm):
       return super().__call__(x, mask=mask)
     scale = self.scale[...] if self.scale else None
     bias = self.bias[...] if self.bias else None
+    x, scale, bias = _promote(self, x, scale, bias)
     return _flax_norm.normalize(x, scale, bias, dtype=self.dtype, epsilon=self.epsilon, rms=False,
                                 residual=residual)
 
@@ -37,6 +48,7 @@ class RMSNorm(nnx.RMSNorm):
     if not _flax_norm.use_kernel(self, mask, residual):
       return super().__call__(x, mask=mask)
     scale = self.scale[...] if self.scale else None
+    x, scale, _ = _promote(self, x, scale, None)
     return _flax_norm.normalize(x, scale, None, dtype=self.dtype, epsilon=self.epsilon, rms=True,
                                 residual=residual)
 

@@ -19,9 +19,36 @@ def as_array(name: str, value):
   raise TypeError(f"{name} must be an array; got {type(value).__name__}")
 
 
+# Dtypes no kernel takes but the pure-JAX references compute in (jax.nn and
+# Flax accept them under jax.enable_x64).
+REFERENCE_DTYPES = (np.dtype(np.float64),)
+
+
 def check_float(name: str, x) -> None:
-  if np.dtype(x.dtype) not in KERNEL_DTYPES:
-    raise TypeError(f"{name} must be {_KERNEL_DTYPE_NAMES}; got dtype {x.dtype}")
+  """x's dtype is one the kernels or the references take."""
+  if np.dtype(x.dtype) not in KERNEL_DTYPES + REFERENCE_DTYPES:
+    raise TypeError(f"{name} must be float32, bfloat16, float16 or float64; got dtype {x.dtype}")
+
+
+def float_implementation(name: str, x, implementation):
+  """The implementation to run for floating input `x`: `implementation`
+  itself for the kernels' dtypes, "xla" (the reference) for float64 under
+  None. A float64 x with a forced kernel, or any other dtype, raises a
+  TypeError naming the argument."""
+  check_float(name, x)
+  dtype = np.dtype(x.dtype)
+  if dtype in KERNEL_DTYPES or implementation == "xla":
+    return implementation
+  if implementation is None:
+    return "xla"
+  raise TypeError(f"{name} is {dtype}, which the {implementation} kernels do not take (they take "
+                  f"{_KERNEL_DTYPE_NAMES}); implementation=None or 'xla' computes in {dtype}")
+
+
+def compute_dtype(dtype):
+  """The dtype the references compute in: float32 for the kernels' dtypes
+  (as the kernels accumulate), float64 for float64."""
+  return jnp.promote_types(dtype, jnp.float32)
 
 
 def check_floating(name: str, x) -> None:

@@ -106,12 +106,17 @@ def _halves(x):
   return x[..., :c], x[..., c:]
 
 
+def _compute(x):
+  """float32, or float64 for float64 x (the references' math)."""
+  return _checks.compute_dtype(x.dtype)
+
+
 def gelu_reference(x, approximate=True):
   """Pure-JAX GELU (the `implementation="xla"` path). Equivalent to::
 
       jax.nn.gelu(x.astype(jnp.float32), approximate).astype(x.dtype)
   """
-  return jax.nn.gelu(x.astype(F32), approximate=approximate).astype(x.dtype)
+  return jax.nn.gelu(x.astype(_compute(x)), approximate=approximate).astype(x.dtype)
 
 
 def bias_gelu_reference(x, bias, approximate=True):
@@ -120,7 +125,8 @@ def bias_gelu_reference(x, bias, approximate=True):
       h = x.astype(jnp.float32) + bias.astype(jnp.float32)
       jax.nn.gelu(h, approximate).astype(x.dtype)
   """
-  return jax.nn.gelu(x.astype(F32) + bias.astype(F32), approximate=approximate).astype(x.dtype)
+  h = x.astype(_compute(x)) + bias.astype(_compute(x))
+  return jax.nn.gelu(h, approximate=approximate).astype(x.dtype)
 
 
 # The gated references split before they cast: the gradient of the split is
@@ -133,7 +139,7 @@ def swiglu_reference(x):
       (jax.nn.silu(a.astype(jnp.float32)) * b.astype(jnp.float32)).astype(x.dtype)
   """
   a, b = _halves(x)
-  return (jax.nn.silu(a.astype(F32)) * b.astype(F32)).astype(x.dtype)
+  return (jax.nn.silu(a.astype(_compute(x))) * b.astype(_compute(x))).astype(x.dtype)
 
 
 def geglu_reference(x, approximate=True):
@@ -143,7 +149,8 @@ def geglu_reference(x, approximate=True):
       (jax.nn.gelu(a.astype(jnp.float32), approximate) * b.astype(jnp.float32)).astype(x.dtype)
   """
   a, b = _halves(x)
-  return (jax.nn.gelu(a.astype(F32), approximate=approximate) * b.astype(F32)).astype(x.dtype)
+  return (jax.nn.gelu(a.astype(_compute(x)), approximate=approximate)
+          * b.astype(_compute(x))).astype(x.dtype)
 
 
 # ------------------------------------------------------- kernel primitives
@@ -472,10 +479,10 @@ _activation.defvjp(_activation_fwd, _activation_bwd)
 def _check_x(x, implementation, what):
   _primitive.check_implementation(implementation)
   x = _checks.as_array("x", x)
-  _checks.check_float("x", x)
+  implementation = _checks.float_implementation("x", x, implementation)
   if what and x.ndim < 1:
     raise ValueError(f"x must have at least one axis ({what}); got a scalar")
-  return x
+  return x, implementation
 
 
 def _check_approximate(approximate):
@@ -510,26 +517,26 @@ def gelu(x, approximate=True, *, implementation=None):
   is saved.
 
   Args:
-    x: any shape, float32, bfloat16 or float16.
+    x: any shape, float32, bfloat16 or float16; float64 runs the
+      reference in float64.
     approximate: Python bool (static): the tanh form if True, else the
       exact erf form.
     implementation: None takes the policy table's choice for the platform,
       pass, dtype and size (`DEFAULT_IMPLEMENTATION`, `FORWARD_KERNEL_MIN_SIZE`:
       the kernel, or the pure-JAX reference, which XLA fuses, where that is
-      faster); "cuda" or "cpu"
-      forces that kernel; "xla" runs the pure-JAX reference
-      (`gelu_reference`).
+      faster); "cuda" or "cpu" forces that kernel; "xla" runs the pure-JAX
+      reference (`gelu_reference`).
 
   Returns:
     x's shape and dtype.
 
   Raises:
-    TypeError: x is not float32, bfloat16 or float16; `approximate` is not
-      a Python bool.
+    TypeError: x is not float32, bfloat16, float16 or float64, or is
+      float64 with a forced kernel; `approximate` is not a Python bool.
     ValueError: `implementation` is unknown, names kernels this build lacks, or names a
       platform other than the one being compiled for.
   """
-  x = _check_x(x, implementation, None)
+  x, implementation = _check_x(x, implementation, None)
   approximate = _check_approximate(approximate)
   return _apply("gelu", _gelu_code(approximate), x, None, implementation,
                 lambda: gelu_reference(x, approximate))
@@ -542,26 +549,27 @@ def bias_gelu(x, bias, approximate=True, *, implementation=None):
   the backward kernel (deterministic partial sums, no atomics).
 
   Args:
-    x: [..., C] float32, bfloat16 or float16 (at least one axis).
+    x: [..., C] float32, bfloat16 or float16 (at least one axis); float64
+      runs the reference in float64.
     bias: floating [C].
     approximate: Python bool (static): the tanh form if True, else erf.
     implementation: None takes the policy table's choice for the platform,
       pass, dtype and size (`DEFAULT_IMPLEMENTATION`, `FORWARD_KERNEL_MIN_SIZE`:
       the kernel, or the pure-JAX reference, which XLA fuses, where that is
-      faster); "cuda" or "cpu"
-      forces that kernel; "xla" runs the pure-JAX reference
-      (`bias_gelu_reference`).
+      faster); "cuda" or "cpu" forces that kernel; "xla" runs the pure-JAX
+      reference (`bias_gelu_reference`).
 
   Returns:
     x's shape and dtype.
 
   Raises:
-    TypeError: x is not float32, bfloat16 or float16; bias is not a
+    TypeError: x is not float32, bfloat16, float16 or float64, or is
+      float64 with a forced kernel; bias is not a
       floating array; `approximate` is not a Python bool.
     ValueError: x is a scalar; bias is not [C]; `implementation` is unknown, names kernels this build lacks, or names a
       platform other than the one being compiled for.
   """
-  x = _check_x(x, implementation, "the bias axis")
+  x, implementation = _check_x(x, implementation, "the bias axis")
   approximate = _check_approximate(approximate)
   bias = _checks.as_array("bias", bias)
   _checks.check_floating("bias", bias)
@@ -578,23 +586,24 @@ def swiglu(x, *, implementation=None):
   Differentiable; the backward recomputes from x.
 
   Args:
-    x: [..., 2C] float32, bfloat16 or float16.
+    x: [..., 2C] float32, bfloat16 or float16; float64 runs the reference
+      in float64.
     implementation: None takes the policy table's choice for the platform,
       pass, dtype and size (`DEFAULT_IMPLEMENTATION`, `FORWARD_KERNEL_MIN_SIZE`:
       the kernel, or the pure-JAX reference, which XLA fuses, where that is
-      faster); "cuda" or "cpu"
-      forces that kernel; "xla" runs the pure-JAX reference
-      (`swiglu_reference`).
+      faster); "cuda" or "cpu" forces that kernel; "xla" runs the pure-JAX
+      reference (`swiglu_reference`).
 
   Returns:
     [..., C] in x.dtype.
 
   Raises:
-    TypeError: x is not float32, bfloat16 or float16.
+    TypeError: x is not float32, bfloat16, float16 or float64, or is
+      float64 with a forced kernel.
     ValueError: x is a scalar or its last axis is odd; `implementation` is unknown, names kernels this build lacks, or names a
       platform other than the one being compiled for.
   """
-  x = _check_x(x, implementation, "the axis split into halves")
+  x, implementation = _check_x(x, implementation, "the axis split into halves")
   _check_gated(x)
   return _apply("swiglu", SILU, x, None, implementation, lambda: swiglu_reference(x))
 
@@ -606,25 +615,25 @@ def geglu(x, approximate=True, *, implementation=None):
   Differentiable; the backward recomputes from x.
 
   Args:
-    x: [..., 2C] float32, bfloat16 or float16.
+    x: [..., 2C] float32, bfloat16 or float16; float64 runs the reference
+      in float64.
     approximate: Python bool (static): the tanh form if True, else erf.
     implementation: None takes the policy table's choice for the platform,
       pass, dtype and size (`DEFAULT_IMPLEMENTATION`, `FORWARD_KERNEL_MIN_SIZE`:
       the kernel, or the pure-JAX reference, which XLA fuses, where that is
-      faster); "cuda" or "cpu"
-      forces that kernel; "xla" runs the pure-JAX reference
-      (`geglu_reference`).
+      faster); "cuda" or "cpu" forces that kernel; "xla" runs the pure-JAX
+      reference (`geglu_reference`).
 
   Returns:
     [..., C] in x.dtype.
 
   Raises:
-    TypeError: x is not float32, bfloat16 or float16; `approximate` is not
-      a Python bool.
+    TypeError: x is not float32, bfloat16, float16 or float64, or is
+      float64 with a forced kernel; `approximate` is not a Python bool.
     ValueError: x is a scalar or its last axis is odd; `implementation` is unknown, names kernels this build lacks, or names a
       platform other than the one being compiled for.
   """
-  x = _check_x(x, implementation, "the axis split into halves")
+  x, implementation = _check_x(x, implementation, "the axis split into halves")
   approximate = _check_approximate(approximate)
   _check_gated(x)
   return _apply("geglu", _gelu_code(approximate), x, None, implementation,

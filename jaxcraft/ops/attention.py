@@ -60,6 +60,7 @@ class _Config:
   softcap: float = 0.0           # 0: none
   dropout_rate: float = 0.0
   dropout_broadcast: bool = False
+  precision: jax.lax.Precision | None = None  # the float32 / float64 reference's matmuls
 
   def ffi_attrs(self):
     return dict(scale=np.float32(self.scale), causal=self.causal, offset=np.int64(self.offset),
@@ -92,7 +93,7 @@ class _Config:
                 window=(self.window_left, self.window_right) if self.windowed else None,
                 bias=x["bias"], mask=x["mask"], q_segment_ids=x["q_seg"],
                 kv_segment_ids=x["kv_seg"], logit_soft_cap=self.softcap or None,
-                dropout_rate=self.dropout_rate, dropout_keep=keep)
+                dropout_rate=self.dropout_rate, dropout_keep=keep, precision=self.precision)
 
   def reference(self, q, k, v, x):
     B, T, N, _ = q.shape
@@ -584,12 +585,23 @@ def _check_dropout(dropout_rate, dropout_rng):
   return rate, dropout_key_words(dropout_rng)
 
 
+def _check_precision(precision):
+  if precision is None:
+    return None
+  try:
+    return jax.lax.Precision(precision)
+  except (TypeError, ValueError):
+    raise ValueError("precision must be None, a jax.lax.Precision or its name ('default', "
+                     f"'high', 'highest', 'float32', ...); got {precision!r}") from None
+
+
 def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None,
                           is_causal=False, query_seq_lengths=None, key_value_seq_lengths=None,
                           local_window_size=None, q_segment_ids=None, kv_segment_ids=None,
                           logit_soft_cap=None, causal_alignment="top_left",
                           dropout_rate=0.0, dropout_rng=None, dropout_broadcast=False,
-                          return_residual=False, implementation=None, deterministic=False):
+                          return_residual=False, implementation=None, deterministic=False,
+                          precision=None):
   """Scaled dot-product attention computed by a flash-attention kernel.
 
   A drop-in for `jax.nn.dot_product_attention`: its arguments with the same
@@ -605,7 +617,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
 
   Args:
     query: [B, T, N, H] (or unbatched [T, N, H]) float32, bfloat16 or
-      float16.
+      float16; float64 runs the reference in float64.
     key: [B, S, K, H] (or [S, K, H]) with query's dtype; N must be a
       multiple of K (grouped-query attention: query head n reads KV head
       n // (N // K)).
@@ -651,6 +663,11 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     deterministic: a backward pass without floating-point atomics, so the
       gradients are the same from run to run (a broadcast bias is then
       materialized to [B, N, T, S] for its gradient).
+    precision: None, or a `jax.lax.Precision` (or its name): the matmul
+      precision of float32 and float64 inputs where the pure-JAX reference
+      runs them (float32 on a GPU; float64; implementation="xla"). The CPU
+      kernel computes float32 at full precision; 16-bit inputs are exact
+      products accumulated in float32 under any precision.
 
   Returns:
     The output, query's shape and dtype. With `return_residual=True` the
@@ -660,8 +677,9 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     that see no key, with no gradient (`jax.lax.stop_gradient`).
 
   Raises:
-    TypeError: an input is not an array; query is not float32, bfloat16 or
-      float16, or key/value differ from its dtype; bias is not floating;
+    TypeError: an input is not an array; query is not float32, bfloat16,
+      float16 or float64 (or is float64 with a forced kernel), or key/value
+      differ from its dtype; bias is not floating;
       mask is not bool; sequence lengths are not int32; segment ids are not
       integers; `scale`, `logit_soft_cap` or `dropout_rate` is traced or not
       a float; `local_window_size` is not an int or a pair of ints.
@@ -671,12 +689,14 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
       [B, N, T, S]; lengths or segment ids have the wrong shape, or only one
       kind of segment ids is given; a negative window; `causal_alignment`
       is unknown; `logit_soft_cap` <= 0; `dropout_rate` outside [0, 1) or no
-      `dropout_rng`; `implementation` is unknown, names kernels this build
-      lacks, or is "cuda" for inputs the CUDA kernel does not take (or for a
-      computation compiled for another platform).
+      `dropout_rng`; `precision` is not a precision; `implementation` is
+      unknown, names kernels this build lacks, or is "cuda" for inputs the
+      CUDA kernel does not take (or for a computation compiled for another
+      platform).
   """
   _primitive.check_implementation(implementation)
   q, k, v = _check_qkv(query, key, value)
+  implementation = _checks.float_implementation("query", q, implementation)
   unbatched = q.ndim == 3
   if unbatched:
     q, k, v = q[None], k[None], v[None]
@@ -701,6 +721,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
   optional["q_seg"], optional["kv_seg"] = _check_segment_ids(q_segment_ids, kv_segment_ids, B, T,
                                                              S, unbatched)
   dropout_rate, optional["dropout_key"] = _check_dropout(dropout_rate, dropout_rng)
+  precision = _check_precision(precision)
   offset = S - T if causal_alignment == "bottom_right" else 0
   if implementation == "cuda" and (why := _cuda_unsupported(q.dtype, H)):
     raise ValueError(f"implementation='cuda': {why}")
@@ -709,7 +730,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
   cfg = _Config(scale=scale, causal=bool(is_causal), offset=offset, window_left=window_left,
                 window_right=window_right, implementation=implementation,
                 deterministic=bool(deterministic), present=present, softcap=softcap,
-                dropout_rate=dropout_rate, dropout_broadcast=bool(dropout_broadcast))
+                dropout_rate=dropout_rate, dropout_broadcast=bool(dropout_broadcast),
+                precision=precision)
   if implementation == "xla" or 0 in (B, T, S, N, H):
     out, lse = cfg.reference(q, k, v, optional)
   else:

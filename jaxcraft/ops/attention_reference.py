@@ -30,6 +30,7 @@ def attention_reference(
     logit_soft_cap=None,
     dropout_rate=0.0,
     dropout_keep=None,
+    precision=None,
 ):
     """Attention with fp32 logits and softmax, materializing [B, N, T, S].
 
@@ -52,6 +53,10 @@ def attention_reference(
        kernels' draw, attention_dropout.dropout_keep_mask), kept
        probabilities are multiplied by 1 / (1 - dropout_rate) in fp32 and
        the others zeroed before that cast. lse is that of step 5.
+
+    ``precision`` (a ``jax.lax.Precision``, or None for JAX's default) sets
+    both matmuls' precision for float32 and float64 inputs; 16-bit inputs
+    take the products above, exact in any precision.
 
     Row i (of batch b) sees key j iff all of these hold (bounds inclusive,
     ``causal_offset`` = 0 is top-left alignment, S - T bottom-right):
@@ -90,7 +95,7 @@ def attention_reference(
     _, S, K, _ = key.shape
     G = N // K
 
-    logits = _grouped_logits(query.reshape(B, T, K, G, H), key)  # [B, K, G, T, S]
+    logits = _grouped_logits(query.reshape(B, T, K, G, H), key, precision)  # [B, K, G, T, S]
     logits = logits * jnp.asarray(scale, logits.dtype)
     if logit_soft_cap is not None:
         cap = jnp.asarray(logit_soft_cap, logits.dtype)
@@ -106,7 +111,8 @@ def attention_reference(
     if dropout_keep is not None:
         probs = _apply_dropout(probs, dropout_keep, dropout_rate, N, K)
 
-    out = jnp.einsum("bkgts,bskh->btkgh", probs.astype(value.dtype), value)
+    out = jnp.einsum("bkgts,bskh->btkgh", probs.astype(value.dtype), value,
+                     precision=_wide_precision(value.dtype, precision))
     out = out.reshape(B, T, N, H).astype(query.dtype)
     return out, lse.reshape(B, N, T)
 
@@ -191,15 +197,25 @@ def attention_backward_reference(
     return dq.astype(query.dtype), dk.astype(key.dtype), dv.astype(value.dtype), dbias
 
 
-def _grouped_logits(query, key):
+def _wide_precision(dtype, precision):
+    """`precision` for float32 / float64 matmuls; None (JAX's default) for
+    16-bit ones."""
+    return precision if jnp.dtype(dtype).itemsize >= 4 else None
+
+
+def _grouped_logits(query, key, precision=None):
     """fp32 [B, K, G, T, S] logits, with jax.nn's precision choice.
 
     f16 takes the default precision, not the F16_F16_F32 preset: the
     preset is rejected at compile time on CPU and TPU, and on GPU for a
     dot that degenerates to a vector product (T = S = 1), while f16 x f16
-    -> f32 with the default precision is the same computation.
+    -> f32 with the default precision is the same computation. float32 and
+    float64 take `precision`.
     """
-    precision = lax.DotAlgorithmPreset.BF16_BF16_F32 if query.dtype == jnp.bfloat16 else None
+    if query.dtype == jnp.bfloat16:
+        precision = lax.DotAlgorithmPreset.BF16_BF16_F32
+    else:
+        precision = _wide_precision(query.dtype, precision)
     logits_dtype = jnp.promote_types(query.dtype, jnp.float32)
     return jnp.einsum(
         "btkgh,bskh->bkgts", query, key,
@@ -278,7 +294,7 @@ def _masked_softmax(logits, visible):
     replaced by 0 before the subtraction, exp(-inf) = 0 has derivative 0,
     and the row sum is replaced by 1 before the division and log.
     """
-    logits = logits.astype(jnp.float32)
+    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
     visible = jnp.broadcast_to(visible, logits.shape)
     has_keys = jnp.any(visible, axis=-1, keepdims=True)
     masked = jnp.where(visible, logits, -jnp.inf)

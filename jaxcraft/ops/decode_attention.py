@@ -302,7 +302,8 @@ def decode_attention(query, key_cache, value_cache, key_value_seq_lengths, *, bl
   Rows that see no key give zeros. Inference only: there is no gradient.
 
   Args:
-    query: [B, Tq, N, H] float32, bfloat16 or float16: the new tokens.
+    query: [B, Tq, N, H] float32, bfloat16 or float16 (float64: the
+      reference, in float64): the new tokens.
     key_cache: contiguous [B, S, K, H], or paged [P, page_size, K, H] with
       `block_tables`; query's dtype. N must be a multiple of K (GQA / MQA).
     value_cache: key_cache's shape and dtype.
@@ -328,8 +329,9 @@ def decode_attention(query, key_cache, value_cache, key_value_seq_lengths, *, bl
     [B, Tq, N, H] in query's dtype.
 
   Raises:
-    TypeError: an input is not an array; query is not float32, bfloat16 or
-      float16, or a cache differs from its dtype; lengths or block tables
+    TypeError: an input is not an array; query is not float32, bfloat16,
+      float16 or float64 (or is float64 with a forced kernel), or a cache
+      differs from its dtype; lengths or block tables
       are not int32; `scale` or `logit_soft_cap` is traced or not a float;
       differentiating through the op (`jax.grad`, `jax.jvp`).
     ValueError: query or a cache is not 4-D, the caches' shapes differ,
@@ -342,6 +344,7 @@ def decode_attention(query, key_cache, value_cache, key_value_seq_lengths, *, bl
   _primitive.check_implementation(implementation)
   q, k, v, lengths, tables = _checked(query, key_cache, value_cache, key_value_seq_lengths,
                                       block_tables)
+  implementation = _checks.float_implementation("query", q, implementation)
   B, Tq, N, H = q.shape
   scale = 1.0 / math.sqrt(H) if scale is None else _checks.static_float("scale", scale)
   if logit_soft_cap is not None:

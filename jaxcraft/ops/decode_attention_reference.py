@@ -87,7 +87,7 @@ def decode_attention_reference(query, key_cache, value_cache, key_value_seq_leng
   logits_dtype = jnp.promote_types(query.dtype, jnp.float32)
   logits = jnp.einsum("btkgh,bskh->bkgts", query.reshape(B, Tq, K, G, H), key,
                       precision=precision, preferred_element_type=logits_dtype)
-  logits = logits.astype(jnp.float32) * scale
+  logits = logits * scale
   if logit_soft_cap is not None:
     logits = logit_soft_cap * jnp.tanh(logits / logit_soft_cap)
 

@@ -397,7 +397,7 @@ def _checked_ids(ids, rows, mode):
 def _checked(table, mode, fill_value, deterministic, implementation):
   _primitive.check_implementation(implementation)
   table = _checks.as_array("table", table)
-  _checks.check_float("table", table)
+  implementation = _checks.float_implementation("table", table, implementation)
   if table.ndim != 2:
     raise ValueError(f"table must have shape [V, D] (two axes); got shape {tuple(table.shape)}")
   mode = "fill" if mode is None else mode
@@ -413,7 +413,7 @@ def _checked(table, mode, fill_value, deterministic, implementation):
   rows = table.shape[0]
   if rows >= _INT32_MAX - 1:
     raise ValueError(f"table has {rows} rows; the kernels take at most 2^31 - 3 (int32 row ids)")
-  return table, mode, fill, bool(deterministic)
+  return table, mode, fill, bool(deterministic), implementation
 
 
 def embedding_lookup(table, ids, *, mode=None, fill_value=None, deterministic=False,
@@ -427,7 +427,8 @@ def embedding_lookup(table, ids, *, mode=None, fill_value=None, deterministic=Fa
   changes the result.
 
   Args:
-    table: [V, D] float32, bfloat16 or float16, V < 2^31 - 2.
+    table: [V, D] float32, bfloat16 or float16 (float64: the reference),
+      V < 2^31 - 2.
     ids: any shape, any integer dtype.
     mode: what ids outside [0, V) read (jnp.take's modes):
       None or "fill": a negative id counts from the end once (id + V); an id
@@ -451,7 +452,8 @@ def embedding_lookup(table, ids, *, mode=None, fill_value=None, deterministic=Fa
     ids.shape + (D,) in table.dtype.
 
   Raises:
-    TypeError: table is not float32, bfloat16 or float16; ids are not
+    TypeError: table is not float32, bfloat16, float16 or float64 (or is
+      float64 with a forced kernel); ids are not
       integers (bool included); `fill_value` is traced or not a float;
       `deterministic` is not a Python bool.
     ValueError: table is not 2-D or has 2^31 - 2 or more rows; an empty
@@ -460,8 +462,8 @@ def embedding_lookup(table, ids, *, mode=None, fill_value=None, deterministic=Fa
       unknown, names kernels this build lacks, or names a platform other
       than the one being compiled for.
   """
-  table, mode, fill, deterministic = _checked(table, mode, fill_value, deterministic,
-                                              implementation)
+  table, mode, fill, deterministic, implementation = _checked(
+      table, mode, fill_value, deterministic, implementation)
   rows, dim = table.shape
   ids = _checked_ids(ids, rows, mode)
   if rows == 0 and ids.size > 0:

@@ -26,16 +26,18 @@ F32 = jnp.float32
 
 # ---------------------------------------------------------------- reference
 def _normalize(h, scale, bias, epsilon, rms):
-  """y, mean, rstd of rows of h (any leading shape), statistics in float32."""
-  hf = h.astype(F32)
-  mean = jnp.zeros(h.shape[:-1], F32) if rms else jnp.mean(hf, axis=-1)
+  """y, mean, rstd of rows of h (any leading shape), statistics in float32
+  (float64 for float64 h)."""
+  compute = _checks.compute_dtype(h.dtype)
+  hf = h.astype(compute)
+  mean = jnp.zeros(h.shape[:-1], compute) if rms else jnp.mean(hf, axis=-1)
   centered = hf if rms else hf - mean[..., None]
   rstd = jax.lax.rsqrt(jnp.mean(jnp.square(centered), axis=-1) + epsilon)
   y = centered * rstd[..., None]
   if scale is not None:
-    y = y * scale.astype(F32)
+    y = y * scale.astype(compute)
   if bias is not None:
-    y = y + bias.astype(F32)
+    y = y + bias.astype(compute)
   return y.astype(h.dtype), mean, rstd
 
 
@@ -399,7 +401,7 @@ _norm.defvjp(_norm_fwd, _norm_bwd)
 def _checked(x, scale, bias, residual, epsilon, implementation):
   _primitive.check_implementation(implementation)
   x = _checks.as_array("x", x)
-  _checks.check_float("x", x)
+  implementation = _checks.float_implementation("x", x, implementation)
   if x.ndim < 1:
     raise ValueError("x must have at least one axis (the normalized one); got a scalar")
   cols = x.shape[-1]
@@ -417,7 +419,7 @@ def _checked(x, scale, bias, residual, epsilon, implementation):
   epsilon = _checks.static_float("epsilon", epsilon)
   if not epsilon >= 0:
     raise ValueError(f"epsilon must be >= 0; got {epsilon}")
-  return x, params[0], params[1], residual, epsilon
+  return x, params[0], params[1], residual, epsilon, implementation
 
 
 def _apply(x, scale, bias, residual, epsilon, rms, implementation, reference):
@@ -438,12 +440,13 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, residual=None, impleme
   """Layer norm over the last axis, with an optional fused residual add.
 
   y = (h - mean(h)) / sqrt(var(h) + epsilon) * scale + bias over the last
-  axis, statistics in float32, where h = x, or h = x + residual (added in
-  x.dtype) with `residual`: the pre-norm transformer's add + norm in one
-  kernel. Differentiable in x, scale, bias and residual.
+  axis, statistics in float32 (float64 for float64 x), where h = x, or
+  h = x + residual (added in x.dtype) with `residual`: the pre-norm
+  transformer's add + norm in one kernel. Differentiable in x, scale, bias and residual.
 
   Args:
-    x: [..., C] float32, bfloat16 or float16 (at least one axis).
+    x: [..., C] float32, bfloat16 or float16 (at least one axis); float64
+      runs the reference in float64.
     scale: optional floating [C]; None means ones.
     bias: optional floating [C]; None means zeros.
     epsilon: Python float >= 0 (static), added to the variance.
@@ -460,15 +463,16 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, residual=None, impleme
     shape and dtype.
 
   Raises:
-    TypeError: x is not float32, bfloat16 or float16; scale, bias or
-      residual is not a floating array; epsilon is traced or not a float.
+    TypeError: x is not float32, bfloat16, float16 or float64, or is
+      float64 with a forced kernel; scale, bias or residual is not a
+      floating array; epsilon is traced or not a float.
     ValueError: x is a scalar; scale or bias is not [C]; residual does not
       have x's shape; epsilon < 0; `implementation` is unknown, names
       kernels this build lacks, or names a platform other than the one
       being compiled for.
   """
-  x, scale, bias, residual, epsilon = _checked(x, scale, bias, residual,
-                                               epsilon, implementation)
+  x, scale, bias, residual, epsilon, implementation = _checked(
+      x, scale, bias, residual, epsilon, implementation)
   return _apply(x, scale, bias, residual, epsilon, False, implementation, layer_norm_reference)
 
 
@@ -476,11 +480,12 @@ def rms_norm(x, scale=None, *, epsilon=1e-6, residual=None, implementation=None)
   """RMS norm over the last axis, with an optional fused residual add.
 
   y = h / sqrt(mean(h^2) + epsilon) * scale over the last axis, statistics
-  in float32, where h = x, or h = x + residual (added in x.dtype) with
-  `residual`. Differentiable in x, scale and residual.
+  in float32 (float64 for float64 x), where h = x, or h = x + residual
+  (added in x.dtype) with `residual`. Differentiable in x, scale and residual.
 
   Args:
-    x: [..., C] float32, bfloat16 or float16 (at least one axis).
+    x: [..., C] float32, bfloat16 or float16 (at least one axis); float64
+      runs the reference in float64.
     scale: optional floating [C]; None means ones.
     epsilon: Python float >= 0 (static), added to the mean square.
     residual: optional floating array of x's shape, cast to x.dtype.
@@ -495,6 +500,6 @@ def rms_norm(x, scale=None, *, epsilon=1e-6, residual=None, implementation=None)
     TypeError: as `layer_norm`.
     ValueError: as `layer_norm`.
   """
-  x, scale, _, residual, epsilon = _checked(x, scale, None, residual,
-                                            epsilon, implementation)
+  x, scale, _, residual, epsilon, implementation = _checked(
+      x, scale, None, residual, epsilon, implementation)
   return _apply(x, scale, None, residual, epsilon, True, implementation, rms_norm_reference)

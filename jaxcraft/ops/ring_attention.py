@@ -170,6 +170,7 @@ def ring_attention(query, key, value, *, axis_name, is_causal=False, scale=None,
   """
   _primitive.check_implementation(implementation)
   q, k, v = attention._check_qkv(query, key, value)
+  implementation = _checks.float_implementation("query", q, implementation)
   unbatched = q.ndim == 3
   if unbatched:
     q, k, v = q[None], k[None], v[None]

@@ -326,7 +326,8 @@ def softmax(x, axis=-1, where=None, *, implementation=None):
   travels to the kernel as one row, any other is broadcast to x's shape.
 
   Args:
-    x: array of at least one axis, float32, bfloat16 or float16.
+    x: array of at least one axis, float32, bfloat16 or float16; float64
+      runs jax.nn.softmax in float64.
     axis: an int, a tuple of distinct ints, or None (all axes).
     where: optional bool array broadcastable to x's shape: the elements to
       include.
@@ -339,7 +340,8 @@ def softmax(x, axis=-1, where=None, *, implementation=None):
     x's shape and dtype.
 
   Raises:
-    TypeError: x is not float32, bfloat16 or float16; `axis` is not an int,
+    TypeError: x is not float32, bfloat16, float16 or float64, or is float64
+      with a forced kernel; `axis` is not an int,
       a tuple of ints or None; `where` is not bool.
     ValueError: x is a scalar; an axis is out of bounds or repeated, or
       `axis` names none; `where` does not broadcast to x's shape;
@@ -348,7 +350,7 @@ def softmax(x, axis=-1, where=None, *, implementation=None):
   """
   _primitive.check_implementation(implementation)
   x = _checks.as_array("x", x)
-  _checks.check_float("x", x)
+  implementation = _checks.float_implementation("x", x, implementation)
   if x.ndim < 1:
     raise ValueError("x must have at least one axis (the softmax one); got a scalar")
   axes = _axes(axis, x.ndim)
