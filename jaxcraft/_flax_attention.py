@@ -43,6 +43,16 @@ def kernel_precision(precision):
     return False
 
 
+def flax_only(query, key, value, precision, module, custom_einsums=False) -> bool:
+  """Whether a call must run Flax's own implementation: it sows the weights
+  (`module`), supplies its own einsums, asks for a precision jaxcraft cannot
+  honour (`kernel_precision`), or passes complex inputs (Flax computes a
+  complex softmax; jaxcraft's attention is real)."""
+  complex_inputs = any(jnp.iscomplexobj(a) for a in (query, key, value))
+  return (module is not None or custom_einsums or kernel_precision(precision) is False
+          or complex_inputs)
+
+
 def kernel_attention(query, key, value, bias=None, mask=None, *, is_causal=False,
                      dropout_rate=0.0, dropout_rng=None, deterministic=True,
                      broadcast_dropout=True, precision=None):

@@ -259,3 +259,15 @@ def test_precision_maps_onto_the_kernel(platform, dtype):
       assert_close(ours(x, mask=mask), theirs(x, mask=mask), ref)
     else:
       np.testing.assert_array_equal(ours(x, mask=mask), theirs(x, mask=mask))
+
+
+def test_complex_inputs_run_flax(platform):
+  """Flax's attention takes complex inputs (a complex softmax); the drop-ins
+  run Flax's own implementation for them, bit for bit."""
+  q, k, v = (a + 1j * b for a, b in zip(_qkv((2, 7, 2, 8), (2, 9, 2, 8), jnp.float32),
+                                        _qkv((2, 7, 2, 8), (2, 9, 2, 8), jnp.float32, seed=1)))
+  for ours, theirs in [(jaxcraft.nn.dot_product_attention, linen.dot_product_attention),
+                       (jaxcraft.nnx.dot_product_attention, nnx.dot_product_attention)]:
+    out = ours(q, k, v)
+    assert out.dtype == jnp.complex64
+    np.testing.assert_array_equal(out, theirs(q, k, v))

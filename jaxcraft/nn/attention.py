@@ -24,13 +24,14 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
   Pass it as `attention_fn=` of `flax.linen.MultiHeadDotProductAttention`.
   Softmax is always computed in float32 (as with
   `force_fp32_for_softmax=True`). Calls that need the attention weights
-  themselves (`module` to sow them, custom einsums) or a `precision`
-  jaxcraft cannot honour run Flax's own implementation. A query whose keys are all masked gives zeros,
-  where Flax gives the mean of the values.
+  themselves (`module` to sow them, custom einsums), a `precision`
+  jaxcraft cannot honour, or complex inputs run Flax's own implementation.
+  A query whose keys are all masked gives zeros, where Flax gives the mean
+  of the values.
 
   Args:
-    query: [batch..., q_length, heads, depth] float32, bfloat16 or float16
-      (after promotion to `dtype`).
+    query: [batch..., q_length, heads, depth] float32, bfloat16, float16 or
+      float64 (after promotion to `dtype`; complex: Flax's implementation).
     key: [batch..., kv_length, kv_heads, depth]; heads must be a multiple
       of kv_heads (grouped-query attention).
     value: key's shape.
@@ -67,11 +68,9 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
       errors for the shapes.
     TypeError: `jaxcraft.dot_product_attention`'s dtype errors.
   """
-  kernel_precision = _flax_attention.kernel_precision(precision)
-  custom_math = kernel_precision is False or any(
-      f is not None for f in (einsum_dot_general, qk_attn_weights_einsum,
-                              attn_weights_value_einsum))
-  if module is not None or custom_math:
+  custom_einsums = any(f is not None for f in (einsum_dot_general, qk_attn_weights_einsum,
+                                               attn_weights_value_einsum))
+  if _flax_attention.flax_only(query, key, value, precision, module, custom_einsums):
     key, value, mask = _flax_attention.fallback_inputs(query, key, value, mask, is_causal)
     return linen.dot_product_attention(
         query, key, value, bias, mask, broadcast_dropout, dropout_rng, dropout_rate,
@@ -81,7 +80,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
   return _flax_attention.kernel_attention(
       query, key, value, bias, mask, is_causal=is_causal, dropout_rate=dropout_rate,
       dropout_rng=dropout_rng, deterministic=deterministic, broadcast_dropout=broadcast_dropout,
-      precision=kernel_precision)
+      precision=_flax_attention.kernel_precision(precision))
 
 
 class MultiHeadAttention(linen.Module):

@@ -20,13 +20,14 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
   """Drop-in for `flax.nnx.dot_product_attention`, run by the jaxcraft kernel.
 
   Pass it as `attention_fn=` of `flax.nnx.MultiHeadAttention`. Softmax is
-  always float32. `module` (to sow the weights) or a `precision` jaxcraft
-  cannot honour run Flax's own implementation. A query whose keys are all masked gives zeros, where Flax
-  gives the mean of the values.
+  always float32. `module` (to sow the weights), a `precision` jaxcraft
+  cannot honour, or complex inputs run Flax's own implementation. A query
+  whose keys are all masked gives zeros, where Flax gives the mean of the
+  values.
 
   Args:
-    query: [batch..., q_length, heads, depth] float32, bfloat16 or float16
-      (after promotion to `dtype`).
+    query: [batch..., q_length, heads, depth] float32, bfloat16, float16 or
+      float64 (after promotion to `dtype`; complex: Flax's implementation).
     key: [batch..., kv_length, kv_heads, depth]; heads must be a multiple
       of kv_heads (grouped-query attention).
     value: key's shape.
@@ -59,8 +60,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
       errors for the shapes.
     TypeError: `jaxcraft.dot_product_attention`'s dtype errors.
   """
-  kernel_precision = _flax_attention.kernel_precision(precision)
-  if module is not None or kernel_precision is False:
+  if _flax_attention.flax_only(query, key, value, precision, module):
     key, value, mask = _flax_attention.fallback_inputs(query, key, value, mask, is_causal)
     return nnx.dot_product_attention(query, key, value, bias, mask, broadcast_dropout,
                                      dropout_rng, dropout_rate, deterministic, dtype, precision,
@@ -69,7 +69,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
   return _flax_attention.kernel_attention(
       query, key, value, bias, mask, is_causal=is_causal, dropout_rate=dropout_rate,
       dropout_rng=dropout_rng, deterministic=deterministic, broadcast_dropout=broadcast_dropout,
-      precision=kernel_precision)
+      precision=_flax_attention.kernel_precision(precision))
 
 
 def _rope_attention(attention_fn, query, key, value, *args, rope_base, **kwargs):
