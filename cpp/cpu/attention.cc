@@ -380,7 +380,7 @@ class ForwardWorker {
   void write_rows(int64_t b, int64_t n, int64_t i0, int64_t rows) {
     Elem* o = static_cast<Elem*>(p_.o);
     for (int64_t r = 0; r < rows; ++r) {
-      const bool has_keys = row_sum_[r] > 0.f;
+      const bool has_keys = row_sum_[r] != 0.f;  // NaN (a NaN input) propagates
       const float inv_sum = has_keys ? 1.f / row_sum_[r] : 0.f;
       store_scaled_row(&acc_[r * l_.H], inv_sum, l_.H, o + l_.q_index(b, i0 + r, n));
       if (p_.lse != nullptr) {

@@ -75,11 +75,16 @@ inline void scale_row(float alpha, float* y, int64_t n) {
 // row (n floats) are given, against its logits x[c0, c1) of a key tile:
 // the sum and accumulator rescaled to the new max, x[c0, c1) turned into
 // the weights exp(x - max) in place and added to the sum. False, touching
-// nothing, while every logit so far is -inf (no weight to add).
+// nothing, while every logit so far is -inf (no weight to add). NaN logits
+// reach the sum (max_of skips them), so a NaN input gives a NaN row, as in
+// jax.nn, even where no other logit is finite.
 inline bool online_softmax_step(float& row_max, float& row_sum, float* acc, int64_t n, float* x,
                                 int64_t c0, int64_t c1) {
-  const float new_max = std::max(row_max, max_of(x + c0, c1 - c0));
-  if (new_max == kNegInf) return false;
+  float new_max = std::max(row_max, max_of(x + c0, c1 - c0));
+  if (new_max == kNegInf) {
+    if (std::none_of(x + c0, x + c1, [](float v) { return v != v; })) return false;
+    new_max = 0.f;  // any finite shift: the NaNs make the sum NaN
+  }
   const float correction = std::exp(row_max - new_max);
   scale_row(correction, acc, n);
   row_sum = row_sum * correction + exp_shift_sum(x + c0, c1 - c0, new_max);

@@ -158,7 +158,7 @@ class SplitWorker {
   void write(int64_t b, int64_t kh, int64_t split) {
     for (int64_t r = 0; r < rows_; ++r) {
       const int64_t t = r / G_, n = kh * G_ + r % G_;
-      const bool has_keys = row_sum_[r] > 0.f;
+      const bool has_keys = row_sum_[r] != 0.f;  // NaN (a NaN input) propagates
       const float inv_sum = has_keys ? 1.f / row_sum_[r] : 0.f;
       const float* acc = &acc_[r * H_];
       if (splits_ == 1) {
@@ -192,8 +192,11 @@ void combine(const DecodeParams& p, int64_t splits, const Partials& partials,
   const int64_t rows = p.batch * p.seqlen_q * p.num_heads;
   for_each_item(runner, rows, static_cast<double>(splits * H), [&] {
     return [&, acc = std::vector<float>(H)](int64_t row) mutable {
-      float lse_max = kNegInf;
-      for (int64_t s = 0; s < splits; ++s) lse_max = std::max(lse_max, partials.lse[s * rows + row]);
+      float lse_max = kNegInf;  // NaN once any split's is (a NaN input): it then reaches o
+      for (int64_t s = 0; s < splits; ++s) {
+        const float lse = partials.lse[s * rows + row];
+        if (lse != lse || lse > lse_max) lse_max = lse;
+      }
       std::fill(acc.begin(), acc.end(), 0.f);
       float total = 0.f;
       for (int64_t s = 0; s < splits && lse_max != kNegInf; ++s) {
@@ -204,7 +207,7 @@ void combine(const DecodeParams& p, int64_t splits, const Partials& partials,
         const float* o = partials.o + (s * rows + row) * H;
         for (int64_t h = 0; h < H; ++h) acc[h] += weight * o[h];
       }
-      const float inv = total > 0.f ? 1.f / total : 0.f;
+      const float inv = total != 0.f ? 1.f / total : 0.f;
       Elem* out = static_cast<Elem*>(p.o) + row * H;
       store_scaled_row(acc.data(), inv, H, out);
     };

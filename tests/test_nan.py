@@ -1,0 +1,69 @@
+"""NaN inputs propagate as in jax.nn (the references): a NaN in a query, or
+in a key or value a row sees, reaches exactly the outputs, logsumexps and
+gradients that jax.nn's computation makes NaN. A row that sees no key still
+gives zeros. (A NaN in a key or value no row sees, padding past a length,
+never reaches the kernels' outputs; jax.nn's dense path multiplies it by 0.)"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxcraft
+
+DTYPES = [jnp.float32, jnp.bfloat16]
+
+
+def _nan_pattern(a):
+  return np.isnan(np.asarray(jnp.asarray(a, jnp.float32)))
+
+
+def _same_nans(fn, dtype, platform):
+  got, want = fn(platform, dtype), fn("xla", dtype)
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    assert _nan_pattern(w).any()  # the case has NaNs to propagate
+    np.testing.assert_array_equal(_nan_pattern(g), _nan_pattern(w))
+
+
+def _inputs(dtype):
+  k = jax.random.split(jax.random.key(0), 3)
+  q = jax.random.normal(k[0], (2, 6, 4, 16)).at[0, 2, 1, 5].set(jnp.nan)  # one query row
+  kv = jax.random.normal(k[1], (2, 6, 2, 16))
+  return q.astype(dtype), kv.astype(dtype), kv.at[0, 4, 0, 2].set(jnp.nan).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention(platform, dtype):
+  q, kv, kv_nan = _inputs(dtype)
+  lengths = jnp.array([6, 3], jnp.int32)
+  attend = lambda impl, q, k, v, **kw: jaxcraft.dot_product_attention(
+      q, k, v, implementation=impl, key_value_seq_lengths=lengths, **kw)
+  ones = jnp.ones_like(q)
+  # A NaN query row; a NaN key, seen by the causal rows from its position on;
+  # a NaN value, seen by every row of its sequence.
+  _same_nans(lambda i, d: attend(i, q, kv, kv, return_residual=True), dtype, platform)
+  _same_nans(lambda i, d: attend(i, ones, kv_nan, kv, is_causal=True), dtype, platform)
+  _same_nans(lambda i, d: attend(i, ones, kv, kv_nan), dtype, platform)
+  grad = lambda i, d: jax.grad(lambda q, k, v: jnp.sum(attend(i, q, k, v).astype(jnp.float32)),
+                               argnums=(0, 1, 2))(q, kv, kv)
+  _same_nans(grad, dtype, platform)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cache", [6, 3000])  # one split; several splits and their combine
+def test_decode_attention(platform, dtype, cache):
+  q, _, _ = _inputs(dtype)
+  q = q[:, 2:3]  # the NaN row: one new token
+  kv = jax.random.normal(jax.random.key(1), (2, cache, 2, 16), dtype)
+  lengths = jnp.array([cache, cache // 2], jnp.int32)
+  decode = lambda i, q, k: jaxcraft.decode_attention(q, k, kv, lengths, implementation=i)
+  _same_nans(lambda i, d: decode(i, q, kv), dtype, platform)
+  _same_nans(lambda i, d: decode(i, jnp.ones_like(q), kv.at[0, 1, 1, 3].set(jnp.nan)), dtype,
+             platform)
+
+
+def test_masked_rows_still_give_zeros(platform):
+  q, kv, _ = _inputs(jnp.float32)
+  out = jaxcraft.dot_product_attention(jnp.ones_like(q), kv, kv, implementation=platform,
+                                       key_value_seq_lengths=jnp.array([6, 0], jnp.int32))
+  np.testing.assert_array_equal(np.asarray(out[1]), 0.0)
