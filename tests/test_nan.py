@@ -67,3 +67,21 @@ def test_masked_rows_still_give_zeros(platform):
   out = jaxcraft.dot_product_attention(jnp.ones_like(q), kv, kv, implementation=platform,
                                        key_value_seq_lengths=jnp.array([6, 0], jnp.int32))
   np.testing.assert_array_equal(np.asarray(out[1]), 0.0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_row_ops(platform, dtype):
+  """Norms, softmax and activations: a NaN element's row (or element), and
+  the gradients it reaches."""
+  x = jax.random.normal(jax.random.key(2), (4, 64)).at[1, 3].set(jnp.nan).astype(dtype)
+  ops = {
+      "rms_norm": lambda i, x: jaxcraft.rms_norm(x, implementation=i),
+      "layer_norm": lambda i, x: jaxcraft.layer_norm(x, implementation=i),
+      "softmax": lambda i, x: jaxcraft.softmax(x, implementation=i),
+      "swiglu": lambda i, x: jaxcraft.swiglu(x, implementation=i),
+      "gelu": lambda i, x: jaxcraft.gelu(x, implementation=i),
+  }
+  for op in ops.values():
+    _same_nans(lambda i, d: op(i, x), dtype, platform)
+    _same_nans(lambda i, d: jax.grad(lambda x: jnp.sum(jnp.sin(op(i, x).astype(jnp.float32))))(x),
+               dtype, platform)
