@@ -1,7 +1,7 @@
 """float64 under jax.enable_x64, as jax.nn and Flax take it: implementation=None
 (and "xla") runs the pure-JAX reference in float64, matching float64 math to
-~1e-12 (float32 math would miss by ~1e-7); a forced kernel raises a TypeError
-that names the argument."""
+~1e-12 (float32 math would miss by ~1e-7); a forced kernel raises a
+ValueError that names the argument."""
 
 import flax
 import jax
@@ -123,7 +123,7 @@ def test_forced_kernel_names_the_argument(forced):
   }
   for name, fns in calls.items():
     for fn in fns:
-      with pytest.raises(TypeError, match=f"{name} is float64, which the {forced} kernels"):
+      with pytest.raises(ValueError, match=f"implementation='{forced}': {name} is float64, which"):
         fn()
 
 

@@ -33,16 +33,18 @@ def check_float(name: str, x) -> None:
 def float_implementation(name: str, x, implementation):
   """The implementation to run for floating input `x`: `implementation`
   itself for the kernels' dtypes, "xla" (the reference) for float64 under
-  None. A float64 x with a forced kernel, or any other dtype, raises a
-  TypeError naming the argument."""
+  None. A float64 x with a forced kernel raises a ValueError (as any input
+  a forced kernel does not take), any other dtype a TypeError, each naming
+  the argument."""
   check_float(name, x)
   dtype = np.dtype(x.dtype)
   if dtype in KERNEL_DTYPES or implementation == "xla":
     return implementation
   if implementation is None:
     return "xla"
-  raise TypeError(f"{name} is {dtype}, which the {implementation} kernels do not take (they take "
-                  f"{_KERNEL_DTYPE_NAMES}); implementation=None or 'xla' computes in {dtype}")
+  raise ValueError(f"implementation={implementation!r}: {name} is {dtype}, which the kernels do "
+                   f"not take (they take {_KERNEL_DTYPE_NAMES}); implementation=None or 'xla' "
+                   f"computes in {dtype}")
 
 
 def compute_dtype(dtype):

@@ -531,10 +531,10 @@ def gelu(x, approximate=True, *, implementation=None):
     x's shape and dtype.
 
   Raises:
-    TypeError: x is not float32, bfloat16, float16 or float64, or is
-      float64 with a forced kernel; `approximate` is not a Python bool.
-    ValueError: `implementation` is unknown, names kernels this build lacks, or names a
-      platform other than the one being compiled for.
+    TypeError: x is not float32, bfloat16, float16 or float64; `approximate` is not a Python bool.
+    ValueError: `implementation` forces a kernel on float64, is unknown,
+      names kernels this build lacks, or names a platform other than the one
+      being compiled for.
   """
   x, implementation = _check_x(x, implementation, None)
   approximate = _check_approximate(approximate)
@@ -563,11 +563,11 @@ def bias_gelu(x, bias, approximate=True, *, implementation=None):
     x's shape and dtype.
 
   Raises:
-    TypeError: x is not float32, bfloat16, float16 or float64, or is
-      float64 with a forced kernel; bias is not a
+    TypeError: x is not float32, bfloat16, float16 or float64; bias is not a
       floating array; `approximate` is not a Python bool.
-    ValueError: x is a scalar; bias is not [C]; `implementation` is unknown, names kernels this build lacks, or names a
-      platform other than the one being compiled for.
+    ValueError: x is a scalar; bias is not [C]; `implementation` forces a
+      kernel on float64, is unknown, names kernels this build lacks, or
+      names a platform other than the one being compiled for.
   """
   x, implementation = _check_x(x, implementation, "the bias axis")
   approximate = _check_approximate(approximate)
@@ -598,10 +598,10 @@ def swiglu(x, *, implementation=None):
     [..., C] in x.dtype.
 
   Raises:
-    TypeError: x is not float32, bfloat16, float16 or float64, or is
-      float64 with a forced kernel.
-    ValueError: x is a scalar or its last axis is odd; `implementation` is unknown, names kernels this build lacks, or names a
-      platform other than the one being compiled for.
+    TypeError: x is not float32, bfloat16, float16 or float64.
+    ValueError: x is a scalar or its last axis is odd; `implementation`
+      forces a kernel on float64, is unknown, names kernels this build
+      lacks, or names a platform other than the one being compiled for.
   """
   x, implementation = _check_x(x, implementation, "the axis split into halves")
   _check_gated(x)
@@ -628,10 +628,10 @@ def geglu(x, approximate=True, *, implementation=None):
     [..., C] in x.dtype.
 
   Raises:
-    TypeError: x is not float32, bfloat16, float16 or float64, or is
-      float64 with a forced kernel; `approximate` is not a Python bool.
-    ValueError: x is a scalar or its last axis is odd; `implementation` is unknown, names kernels this build lacks, or names a
-      platform other than the one being compiled for.
+    TypeError: x is not float32, bfloat16, float16 or float64; `approximate` is not a Python bool.
+    ValueError: x is a scalar or its last axis is odd; `implementation`
+      forces a kernel on float64, is unknown, names kernels this build
+      lacks, or names a platform other than the one being compiled for.
   """
   x, implementation = _check_x(x, implementation, "the axis split into halves")
   approximate = _check_approximate(approximate)

@@ -463,11 +463,10 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, residual=None, impleme
     shape and dtype.
 
   Raises:
-    TypeError: x is not float32, bfloat16, float16 or float64, or is
-      float64 with a forced kernel; scale, bias or residual is not a
+    TypeError: x is not float32, bfloat16, float16 or float64; scale, bias or residual is not a
       floating array; epsilon is traced or not a float.
     ValueError: x is a scalar; scale or bias is not [C]; residual does not
-      have x's shape; epsilon < 0; `implementation` is unknown, names
+      have x's shape; epsilon < 0; `implementation` forces a kernel on float64, is unknown, names
       kernels this build lacks, or names a platform other than the one
       being compiled for.
   """
