@@ -531,7 +531,8 @@ def gelu(x, approximate=True, *, implementation=None):
     x's shape and dtype.
 
   Raises:
-    TypeError: x is not float32, bfloat16, float16 or float64; `approximate` is not a Python bool.
+    TypeError: x is not float32, bfloat16, float16 or float64; `approximate`
+      is not a Python bool.
     ValueError: `implementation` forces a kernel on float64, is unknown,
       names kernels this build lacks, or names a platform other than the one
       being compiled for.
@@ -628,7 +629,8 @@ def geglu(x, approximate=True, *, implementation=None):
     [..., C] in x.dtype.
 
   Raises:
-    TypeError: x is not float32, bfloat16, float16 or float64; `approximate` is not a Python bool.
+    TypeError: x is not float32, bfloat16, float16 or float64; `approximate`
+      is not a Python bool.
     ValueError: x is a scalar or its last axis is odd; `implementation`
       forces a kernel on float64, is unknown, names kernels this build
       lacks, or names a platform other than the one being compiled for.

@@ -679,20 +679,20 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
 
   Raises:
     TypeError: an input is not an array; query is not float32, bfloat16,
-      float16 or float64, or key/value differ from its dtype; bias is not floating;
-      mask is not bool; sequence lengths are not int32; segment ids are not
-      integers; `scale`, `logit_soft_cap` or `dropout_rate` is traced or not
-      a float; `local_window_size` is not an int or a pair of ints.
+      float16 or float64, or key/value differ from its dtype; bias is not
+      floating; mask is not bool; sequence lengths are not int32; segment ids
+      are not integers; `scale`, `logit_soft_cap` or `dropout_rate` is traced
+      or not a float; `local_window_size` is not an int or a pair of ints.
     ValueError: query, key and value are not all 3-D or all 4-D, or their
-      batch sizes, head dims or head counts do not match (key and value
-      shapes must be equal); bias or mask does not broadcast to
-      [B, N, T, S]; lengths or segment ids have the wrong shape, or only one
-      kind of segment ids is given; a negative window; `causal_alignment`
-      is unknown; `logit_soft_cap` <= 0; `dropout_rate` outside [0, 1) or no
-      `dropout_rng`; `precision` is not a precision; `implementation`
-      forces a kernel on float64, is unknown, names kernels this build lacks, or is "cuda" for inputs the
-      CUDA kernel does not take (or for a computation compiled for another
-      platform).
+      batch sizes, head dims or head counts do not match (key and value shapes
+      must be equal); bias or mask does not broadcast to [B, N, T, S]; lengths
+      or segment ids have the wrong shape, or only one kind of segment ids is
+      given; a negative window; `causal_alignment` is unknown;
+      `logit_soft_cap` <= 0; `dropout_rate` outside [0, 1) or no
+      `dropout_rng`; `precision` is not a precision; `implementation` forces a
+      kernel on float64, is unknown, names kernels this build lacks, or is
+      "cuda" for inputs the CUDA kernel does not take (or for a computation
+      compiled for another platform).
   """
   _primitive.check_implementation(implementation)
   q, k, v = _check_qkv(query, key, value)

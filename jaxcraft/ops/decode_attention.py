@@ -330,15 +330,15 @@ def decode_attention(query, key_cache, value_cache, key_value_seq_lengths, *, bl
 
   Raises:
     TypeError: an input is not an array; query is not float32, bfloat16,
-      float16 or float64, or a cache differs from its dtype; lengths or block tables
-      are not int32; `scale` or `logit_soft_cap` is traced or not a float;
-      differentiating through the op (`jax.grad`, `jax.jvp`).
-    ValueError: query or a cache is not 4-D, the caches' shapes differ,
-      head dims or batch sizes do not match, N is not a multiple of K;
-      lengths are not [B] or block tables not [B, max_pages]; a paged cache
-      has no rows; a negative window; `logit_soft_cap` <= 0;
-      `implementation` forces a kernel on float64, is unknown, names kernels this build lacks, or is
-      "cuda" for inputs the CUDA kernel does not take.
+      float16 or float64, or a cache differs from its dtype; lengths or block
+      tables are not int32; `scale` or `logit_soft_cap` is traced or not a
+      float; differentiating through the op (`jax.grad`, `jax.jvp`).
+    ValueError: query or a cache is not 4-D, the caches' shapes differ, head
+      dims or batch sizes do not match, N is not a multiple of K; lengths are
+      not [B] or block tables not [B, max_pages]; a paged cache has no rows; a
+      negative window; `logit_soft_cap` <= 0; `implementation` forces a kernel
+      on float64, is unknown, names kernels this build lacks, or is "cuda" for
+      inputs the CUDA kernel does not take.
   """
   _primitive.check_implementation(implementation)
   q, k, v, lengths, tables = _checked(query, key_cache, value_cache, key_value_seq_lengths,

@@ -455,11 +455,11 @@ def embedding_lookup(table, ids, *, mode=None, fill_value=None, deterministic=Fa
     TypeError: table is not float32, bfloat16, float16 or float64; ids are not
       integers (bool included); `fill_value` is traced or not a float;
       `deterministic` is not a Python bool.
-    ValueError: table is not 2-D or has 2^31 - 2 or more rows; an empty
-      table (V = 0) with ids to look up (jnp.take raises IndexError there);
-      `mode` is not None, "fill", "clip" or "wrap"; `implementation`
-      forces a kernel on float64, is unknown, names kernels this build lacks, or names a platform other
-      than the one being compiled for.
+    ValueError: table is not 2-D or has 2^31 - 2 or more rows; an empty table
+      (V = 0) with ids to look up (jnp.take raises IndexError there); `mode`
+      is not None, "fill", "clip" or "wrap"; `implementation` forces a kernel
+      on float64, is unknown, names kernels this build lacks, or names a
+      platform other than the one being compiled for.
   """
   table, mode, fill, deterministic, implementation = _checked(
       table, mode, fill_value, deterministic, implementation)

@@ -442,7 +442,8 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, residual=None, impleme
   y = (h - mean(h)) / sqrt(var(h) + epsilon) * scale + bias over the last
   axis, statistics in float32 (float64 for float64 x), where h = x, or
   h = x + residual (added in x.dtype) with `residual`: the pre-norm
-  transformer's add + norm in one kernel. Differentiable in x, scale, bias and residual.
+  transformer's add + norm in one kernel. Differentiable in x, scale, bias
+  and residual.
 
   Args:
     x: [..., C] float32, bfloat16 or float16 (at least one axis); float64
@@ -463,12 +464,12 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, residual=None, impleme
     shape and dtype.
 
   Raises:
-    TypeError: x is not float32, bfloat16, float16 or float64; scale, bias or residual is not a
-      floating array; epsilon is traced or not a float.
+    TypeError: x is not float32, bfloat16, float16 or float64; scale, bias or
+      residual is not a floating array; epsilon is traced or not a float.
     ValueError: x is a scalar; scale or bias is not [C]; residual does not
-      have x's shape; epsilon < 0; `implementation` forces a kernel on float64, is unknown, names
-      kernels this build lacks, or names a platform other than the one
-      being compiled for.
+      have x's shape; epsilon < 0; `implementation` forces a kernel on
+      float64, is unknown, names kernels this build lacks, or names a platform
+      other than the one being compiled for.
   """
   x, scale, bias, residual, epsilon, implementation = _checked(
       x, scale, bias, residual, epsilon, implementation)

@@ -340,12 +340,12 @@ def softmax(x, axis=-1, where=None, *, implementation=None):
     x's shape and dtype.
 
   Raises:
-    TypeError: x is not float32, bfloat16, float16 or float64; `axis` is not an int,
-      a tuple of ints or None; `where` is not bool.
-    ValueError: x is a scalar; an axis is out of bounds or repeated, or
-      `axis` names none; `where` does not broadcast to x's shape;
-      `implementation` forces a kernel on float64, is unknown, names kernels this build lacks, or names
-      a platform other than the one being compiled for.
+    TypeError: x is not float32, bfloat16, float16 or float64; `axis` is not
+      an int, a tuple of ints or None; `where` is not bool.
+    ValueError: x is a scalar; an axis is out of bounds or repeated, or `axis`
+      names none; `where` does not broadcast to x's shape; `implementation`
+      forces a kernel on float64, is unknown, names kernels this build lacks,
+      or names a platform other than the one being compiled for.
   """
   _primitive.check_implementation(implementation)
   x = _checks.as_array("x", x)
