@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
 
+from jaxcraft.ops import _checks
 from jaxcraft.ops import attention as attention_ops
 
 
@@ -35,22 +35,20 @@ def kernel_precision(precision):
     if len(precision) != 2 or precision[0] != precision[1]:
       return False
     precision = precision[0]
-  if precision is None:
-    return None
   try:
-    return jax.lax.Precision(precision)
-  except (TypeError, ValueError):
+    return _checks.precision(precision)
+  except ValueError:
     return False
 
 
 def flax_only(query, key, value, precision, module, custom_einsums=False) -> bool:
   """Whether a call must run Flax's own implementation: it sows the weights
   (`module`), supplies its own einsums, asks for a precision jaxcraft cannot
-  honour (`kernel_precision`), or passes complex inputs (Flax computes a
-  complex softmax; jaxcraft's attention is real)."""
+  honour (`precision`: `kernel_precision`'s result, False), or passes
+  complex inputs (Flax computes a complex softmax; jaxcraft's attention is
+  real)."""
   complex_inputs = any(jnp.iscomplexobj(a) for a in (query, key, value))
-  return (module is not None or custom_einsums or kernel_precision(precision) is False
-          or complex_inputs)
+  return module is not None or custom_einsums or precision is False or complex_inputs
 
 
 def kernel_attention(query, key, value, bias=None, mask=None, *, is_causal=False,

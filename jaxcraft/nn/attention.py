@@ -70,7 +70,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
   """
   custom_einsums = any(f is not None for f in (einsum_dot_general, qk_attn_weights_einsum,
                                                attn_weights_value_einsum))
-  if _flax_attention.flax_only(query, key, value, precision, module, custom_einsums):
+  kernel_precision = _flax_attention.kernel_precision(precision)
+  if _flax_attention.flax_only(query, key, value, kernel_precision, module, custom_einsums):
     key, value, mask = _flax_attention.fallback_inputs(query, key, value, mask, is_causal)
     return linen.dot_product_attention(
         query, key, value, bias, mask, broadcast_dropout, dropout_rng, dropout_rate,
@@ -80,7 +81,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
   return _flax_attention.kernel_attention(
       query, key, value, bias, mask, is_causal=is_causal, dropout_rate=dropout_rate,
       dropout_rng=dropout_rng, deterministic=deterministic, broadcast_dropout=broadcast_dropout,
-      precision=_flax_attention.kernel_precision(precision))
+      precision=kernel_precision)
 
 
 class MultiHeadAttention(linen.Module):

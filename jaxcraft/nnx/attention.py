@@ -60,7 +60,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
       errors for the shapes.
     TypeError: `jaxcraft.dot_product_attention`'s dtype errors.
   """
-  if _flax_attention.flax_only(query, key, value, precision, module):
+  kernel_precision = _flax_attention.kernel_precision(precision)
+  if _flax_attention.flax_only(query, key, value, kernel_precision, module):
     key, value, mask = _flax_attention.fallback_inputs(query, key, value, mask, is_causal)
     return nnx.dot_product_attention(query, key, value, bias, mask, broadcast_dropout,
                                      dropout_rng, dropout_rate, deterministic, dtype, precision,
@@ -69,7 +70,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
   return _flax_attention.kernel_attention(
       query, key, value, bias, mask, is_causal=is_causal, dropout_rate=dropout_rate,
       dropout_rng=dropout_rng, deterministic=deterministic, broadcast_dropout=broadcast_dropout,
-      precision=_flax_attention.kernel_precision(precision))
+      precision=kernel_precision)
 
 
 def _rope_attention(attention_fn, query, key, value, *args, rope_base, **kwargs):

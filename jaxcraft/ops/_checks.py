@@ -53,6 +53,17 @@ def compute_dtype(dtype):
   return jnp.promote_types(dtype, jnp.float32)
 
 
+def precision(value):
+  """`value` (None, a `jax.lax.Precision` or its name) as a Precision, or None."""
+  if value is None:
+    return None
+  try:
+    return jax.lax.Precision(value)
+  except (TypeError, ValueError):
+    raise ValueError("precision must be None, a jax.lax.Precision or its name ('default', "
+                     f"'high', 'highest', 'float32', ...); got {value!r}") from None
+
+
 def check_floating(name: str, x) -> None:
   if not jnp.issubdtype(x.dtype, jnp.floating):
     raise TypeError(f"{name} must have a floating dtype; got dtype {x.dtype}")

@@ -93,17 +93,18 @@ class _Config:
                 window=(self.window_left, self.window_right) if self.windowed else None,
                 bias=x["bias"], mask=x["mask"], q_segment_ids=x["q_seg"],
                 kv_segment_ids=x["kv_seg"], logit_soft_cap=self.softcap or None,
-                dropout_rate=self.dropout_rate, dropout_keep=keep, precision=self.precision)
+                dropout_rate=self.dropout_rate, dropout_keep=keep)
 
   def reference(self, q, k, v, x):
     B, T, N, _ = q.shape
-    return attention_reference(q, k, v, **self._reference_args(x, (B, N, T, k.shape[1])))
+    return attention_reference(q, k, v, precision=self.precision,
+                               **self._reference_args(x, (B, N, T, k.shape[1])))
 
   def reference_backward(self, q, k, v, o, lse, do, x):
     B, T, N, _ = q.shape
-    args = self._reference_args(x, (B, N, T, k.shape[1]))
-    del args["precision"]  # the backward reference's matmuls are float32 at HIGHEST already
-    return attention_backward_reference(q, k, v, o, lse, do, **args)
+    # Its matmuls are float32 at HIGHEST, whatever the forward's precision.
+    return attention_backward_reference(q, k, v, o, lse, do,
+                                        **self._reference_args(x, (B, N, T, k.shape[1])))
 
 
 def _cuda_unsupported(dtype, head_dim) -> str | None:
@@ -586,16 +587,6 @@ def _check_dropout(dropout_rate, dropout_rng):
   return rate, dropout_key_words(dropout_rng)
 
 
-def _check_precision(precision):
-  if precision is None:
-    return None
-  try:
-    return jax.lax.Precision(precision)
-  except (TypeError, ValueError):
-    raise ValueError("precision must be None, a jax.lax.Precision or its name ('default', "
-                     f"'high', 'highest', 'float32', ...); got {precision!r}") from None
-
-
 def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None,
                           is_causal=False, query_seq_lengths=None, key_value_seq_lengths=None,
                           local_window_size=None, q_segment_ids=None, kv_segment_ids=None,
@@ -721,7 +712,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
   optional["q_seg"], optional["kv_seg"] = _check_segment_ids(q_segment_ids, kv_segment_ids, B, T,
                                                              S, unbatched)
   dropout_rate, optional["dropout_key"] = _check_dropout(dropout_rate, dropout_rng)
-  precision = _check_precision(precision)
+  precision = _checks.precision(precision)
   offset = S - T if causal_alignment == "bottom_right" else 0
   if implementation == "cuda" and (why := _cuda_unsupported(q.dtype, H)):
     raise ValueError(f"implementation='cuda': {why}")
