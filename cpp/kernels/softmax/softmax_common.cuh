@@ -1,7 +1,7 @@
 // Device helpers shared by the softmax kernels (softmax_rows_kernels.cuh,
 // softmax_stream_kernels.cuh, softmax_warp_kernel.cuh): float32 math
 // whatever the storage type (norm_common.cuh's 16-byte vectors and
-// conversions; element_pair for values held packed in registers), block and
+// conversions; rows::element_pair for values held packed in registers), block and
 // cluster reductions, mask bits, and which rows a thread group walks.
 #pragma once
 #include <cuda_bf16.h>
@@ -13,6 +13,7 @@
 #include "common/fast_math.cuh"
 #include "kernels/norm/norm_common.cuh"
 #include "kernels/norm/norm_row_sum.cuh"
+#include "kernels/rows/warp_row.cuh"
 #include "kernels/softmax/params.h"
 
 namespace jaxcraft {
@@ -25,31 +26,10 @@ using norm::load_vec;
 using norm::store_vec;
 using norm::to_f32;
 using norm::Vec;
-
-// Elements 2k and 2k + 1 of a vector as float32, converted afresh at every
-// call: `asm volatile` is never merged with an earlier conversion, so the
-// compiler cannot keep the row's float32 copy alive across the reductions
-// (with the plain conversions the bf16 warp kernel took 160 registers).
-__device__ __forceinline__ float2 unpack_pair(uint32_t w, __nv_bfloat16) {
-  uint32_t lo, hi;
-  asm volatile("{\n\tshl.b32 %0, %2, 16;\n\tand.b32 %1, %2, 0xffff0000;\n\t}" : "=r"(lo), "=r"(hi) : "r"(w));
-  return make_float2(__uint_as_float(lo), __uint_as_float(hi));
-}
-__device__ __forceinline__ float2 unpack_pair(uint32_t w, __half) {
-  float lo, hi;
-  asm volatile("{\n\t.reg .f16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;\n\t}"
-               : "=f"(lo), "=f"(hi)
-               : "r"(w));
-  return make_float2(lo, hi);
-}
-
-template <typename T>
-__device__ __forceinline__ float2 element_pair(const Vec<T>& v, int k) {
-  if constexpr (sizeof(T) == sizeof(float))
-    return make_float2(v.v[2 * k], v.v[2 * k + 1]);
-  else
-    return unpack_pair(reinterpret_cast<const uint32_t*>(v.v)[k], T{});
-}
+using rows::element_pair;
+using rows::Max;
+using rows::Sum;
+using rows::warp_allreduce;
 
 // The backward's per-vector pieces on values held as stored (element_pair):
 // dot plus the vector's sum of y dy, and dx = y (dy - dot).
@@ -88,26 +68,6 @@ __host__ __device__ constexpr int block_threads() {
 // block (kGroup > 32: one row per block) through `slots` (one per warp). No
 // barrier after the read: the caller alternates between slot arrays so that
 // a barrier of the next reduction orders this read before their reuse.
-struct Max {
-  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
-  static __device__ float identity() { return -CUDART_INF_F; }
-};
-struct Sum {
-  __device__ float operator()(float a, float b) const { return a + b; }
-  static __device__ float identity() { return 0.f; }
-};
-
-// op over lanes 0..kLanes-1 of the warp (a power of two), returned in every
-// lane: a butterfly in which each pair of lanes computes op(a, b) and
-// op(b, a), the same bits for max and sum, then lane 0's value.
-template <int kLanes, class Op>
-__device__ __forceinline__ float warp_allreduce(float v, Op op) {
-#pragma unroll
-  for (int offset = kLanes / 2; offset > 0; offset /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  if constexpr (kLanes < kWarp) v = __shfl_sync(0xffffffffu, v, 0);
-  return v;
-}
-
 template <int kGroup, class Op>
 __device__ __forceinline__ float group_reduce(float v, float* slots, Op op) {
   v = warp_allreduce<kWarp>(v, op);

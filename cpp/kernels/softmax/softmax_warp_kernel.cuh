@@ -20,41 +20,12 @@
 namespace jaxcraft {
 namespace softmax {
 
-// Rows of kLanes threads (one to eight warps) in a kBlock-thread block: the
-// group g of the block takes row blockIdx.x kBlock / kLanes + g, and its
-// lane l (0..kLanes-1) vectors l, l + kLanes, ..., so each load instruction
-// of a warp reads 512 consecutive bytes. With kSplit > 1 (clusters of
-// kSplit one-row blocks) the row is cluster blockIdx.x / kSplit, and the
-// lanes run on over the cluster's CTAs in rank order.
-template <typename T, int kBlock, int kLanes = kWarp, int kSplit = 1>
-struct WarpRow {
-  static_assert(kSplit == 1 || kLanes == kBlock, "a cluster splits one-row blocks");
-  static constexpr int kN = Vec<T>::kN;
-  static constexpr int kRowLanes = kLanes * kSplit;
-  static constexpr int kStride = kRowLanes * kN;  // elements from one of a lane's vectors to the next
-  int64_t row;
-  int lane, vectors;
-  __device__ WarpRow(int64_t cols)
-      : row(kSplit > 1 ? int64_t(blockIdx.x / kSplit) : int64_t(blockIdx.x) * (kBlock / kLanes) + threadIdx.x / kLanes),
-        lane(kSplit > 1 ? int(blockIdx.x % kSplit) * kBlock + int(threadIdx.x) : int(threadIdx.x % kLanes)),
-        vectors(static_cast<int>(cols / kN)) {}
-  __device__ int64_t first(int64_t cols) const { return row * cols + lane * kN; }  // vector 0's element
-  __device__ bool owns(int i) const { return lane + kRowLanes * i < vectors; }
-  // f(i) for every vector i this lane holds.
-  template <int kVecs, class F>
-  __device__ __forceinline__ void for_owned(F f) const {
-#pragma unroll
-    for (int i = 0; i < kVecs; ++i)
-      if (owns(i)) f(i);
-  }
-};
-
-// f(k) for each element pair k of a vector of T.
-template <typename T, class F>
-__device__ __forceinline__ void for_pairs(F f) {
-#pragma unroll
-  for (int k = 0; k < Vec<T>::kN / 2; ++k) f(k);
-}
+using rows::arrive_cluster_started;
+using rows::for_pairs;
+using rows::share_cluster;
+using rows::share_row_warps;
+using rows::sum_row;
+using rows::WarpRow;
 
 // Forward blocks, three per SM under the register cap: 8 warps each (85
 // registers) while the row takes up to 64 registers per lane, 4 warps each
@@ -64,42 +35,6 @@ __device__ __forceinline__ void for_pairs(F f) {
 // vectors per lane, f32 [16k, 4096] within 1%).
 template <int kVecs>
 constexpr int kFwdWarpBlock = kVecs <= 16 ? kNarrowBlock : 128;
-
-// Publishes this warp's value in slots[warp] (one slot per warp of the
-// block) and waits for the row's other kWarps - 1 warps (named barrier 1 +
-// the row's group in the block); returns the row's first slot.
-template <int kWarps, typename V>
-__device__ __forceinline__ const V* share_row_warps(V v, V* slots) {
-  const int warp = threadIdx.x / kWarp;
-  if (threadIdx.x % kWarp == 0) slots[warp] = v;
-  asm volatile("bar.sync %0, %1;" ::"r"(1 + warp / kWarps), "r"(kWarps * kWarp) : "memory");
-  return slots + (warp - warp % kWarps);
-}
-
-// Cluster kernels (kSplit > 1) arrive at the cluster barrier as they start
-// and wait before their first remote store (share_cluster): every peer must
-// have started by then, and the row's loads hide the wait.
-template <int kSplit>
-__device__ __forceinline__ void arrive_cluster_started() {
-#if JAXCRAFT_NORM_HAS_CLUSTERS
-  if constexpr (kSplit > 1) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-#endif
-}
-
-// Threads 0..kSplit-1 push the CTA's value into slot `rank` of every CTA's
-// `cta_slots` (sm_90 clusters of one-row blocks), and every CTA waits at the
-// cluster barrier, after which its slots hold the kSplit values. No CTA
-// touches a peer after that barrier.
-template <int kSplit, typename V>
-__device__ __forceinline__ void share_cluster(V v, V* cta_slots) {
-#if JAXCRAFT_NORM_HAS_CLUSTERS
-  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
-  if (threadIdx.x < kSplit)
-    *cooperative_groups::this_cluster().map_shared_rank(cta_slots + norm::cluster_rank<kSplit>(),
-                                                        static_cast<int>(threadIdx.x)) = v;
-#endif
-  norm::cluster_sync();
-}
 
 // The row's (max, sum) over its kWarps warps and kSplit CTAs, in every lane.
 // Each warp has exponentiated against its own max m (sum s); every warp
@@ -119,22 +54,6 @@ __device__ __forceinline__ float2 merge_row_pairs(float m, float s, float2* slot
     pair = merge_pairs<kSplit>(lane < kSplit ? cta_slots[lane] : none);
   }
   return pair;
-}
-
-// The row's sum of the warps' sums v over its kWarps warps and kSplit CTAs,
-// the same bits in every lane (warp_allreduce).
-template <int kWarps, int kSplit>
-__device__ __forceinline__ float sum_row(float v, float* slots, float* cta_slots) {
-  const int lane = threadIdx.x % kWarp;
-  if constexpr (kWarps > 1) {
-    const float* row = share_row_warps<kWarps>(v, slots);
-    v = warp_allreduce<kWarps>(lane < kWarps ? row[lane] : 0.f, Sum{});
-  }
-  if constexpr (kSplit > 1) {
-    share_cluster<kSplit>(v, cta_slots);
-    v = warp_allreduce<kSplit>(lane < kSplit ? cta_slots[lane] : 0.f, Sum{});
-  }
-  return v;
 }
 
 template <typename T, int kVecs, int kWarps, int kSplit = 1>
