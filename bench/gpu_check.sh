@@ -71,7 +71,7 @@ if stage profile; then
     > "$OUT/profile_sass.csv" 2>&1
   gzip -f "$OUT/profile_sass.csv"
 fi
-for op in activations embedding softmax; do
+for op in activations embedding softmax norm; do
   # The elementwise/row kernels outside JAX against a float64 CPU reference
   # (embedding: the deterministic backward bit for bit), then their GB/s at
   # the benchmark shapes.
@@ -80,10 +80,10 @@ for op in activations embedding softmax; do
       -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a \
       "cpp/kernels/$op/standalone_test.cu" "cpp/kernels/$op/launch_$op.cu" -o "/tmp/${op}_test.bin"
     step "${op}_standalone_run" "/tmp/${op}_test.bin"
-    if [[ $op == softmax ]]; then  # the rows kernels' shared-memory ring
-      for tool in memcheck racecheck synccheck; do
-        step "softmax_sanitize_$tool" compute-sanitizer --tool "$tool" --error-exitcode 1 \
-          /tmp/softmax_test.bin --no-timing
+    if [[ $op == softmax || $op == norm ]]; then  # shared-memory rings; the warp kernels' barriers
+      for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
+        step "${op}_sanitize_$tool" compute-sanitizer --tool "$tool" --error-exitcode 1 \
+          "/tmp/${op}_test.bin" --no-timing
       done
     fi
   fi

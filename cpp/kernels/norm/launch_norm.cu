@@ -12,6 +12,7 @@
 #include "kernels/norm/launch.h"
 #include "kernels/norm/norm_rows_kernel.cuh"
 #include "kernels/norm/norm_stream_kernel.cuh"
+#include "kernels/norm/norm_warp_kernel.cuh"
 
 namespace jaxcraft {
 namespace {
@@ -20,50 +21,34 @@ using norm::block_threads;
 using norm::kMaxSplit;
 using norm::Vec;
 
-// A register-resident configuration: kGroup threads per row, kVecs vectors
-// each, the row split over kSplit CTAs (a thread-block cluster when > 1).
+// The backward's register-resident configuration: kGroup threads per row,
+// kVecs vectors each, the row split over kSplit CTAs (a thread-block cluster
+// when > 1).
 struct RowsConfig {
   int group = 0;  // 0: use the streaming kernel
   int vecs = 0;
   int split = 1;
 };
 
-// Register budget: 64K registers per SM. The forward holds kVecs <= 4
-// 16-byte vectors of the row per thread (fits 64 regs/thread at 1024
-// threads). The backward holds dy, xhat, dscale and dbias per element, so it stops at 16
-// elements per thread and at 512 threads (~120 regs/thread * 512 fits).
-// Wider rows split over a thread-block cluster where the device has clusters
-// (sm_90+): the same registers per thread, kSplit times the row, at the cost
-// of one cluster barrier per row statistic. Row widths past these limits, or
-// not a multiple of the vector width, take the streaming kernel.
-RowsConfig pick_rows_config(int64_t vectors, bool backward, bool clusters) {
+// Register budget: 64K registers per SM. The backward holds dy, xhat, dscale
+// and dbias per element, so it stops at 16 elements per thread and at 512
+// threads (~120 regs/thread * 512 fits). Wider rows split over a
+// thread-block cluster where the device has clusters (sm_90+): the same
+// registers per thread, kSplit times the row, at the cost of one cluster
+// barrier per row statistic. Row widths past these limits, or not a
+// multiple of the vector width, take the streaming kernel.
+RowsConfig pick_bwd_config(int64_t vectors, bool clusters) {
   if (vectors <= 32) return {32, 1};
   if (vectors <= 64) return {32, 2};
-  if (backward) {
-    if (vectors <= 128) return {64, 2};
-    if (vectors <= 256) return {128, 2};
-    if (vectors <= 512) return {256, 2};
-    if (vectors <= 1024) return {512, 2};
-    // 512 x 2 vectors per CTA, 2-8 CTAs per row: the fewest CTAs per cluster
-    // barrier. On H100 at 4096 x 32768 bf16: 58% of copy bandwidth, as fast
-    // as 8 x 256 x 2 (two CTAs per SM); the streaming kernel reached 10-13%.
-    for (int split = 2; clusters && split <= kMaxSplit; split *= 2)
-      if (vectors <= int64_t(split) * 512 * 2) return {512, 2, split};
-    return {};
-  }
-  if (vectors <= 128) return {32, 4};
-  if (vectors <= 256) return {64, 4};
-  if (vectors <= 512) return {128, 4};
-  if (vectors <= 1024) return {256, 4};
-  // One block per row while the row fits: the forward's two row statistics
-  // each cost a cluster barrier, which measured slower on H100 (55-60% of copy
-  // bandwidth at 16K-32K bf16 columns) than 512 or 1024 threads per row
-  // (75-90%).
-  if (vectors <= 2048) return {512, 4};
-  if (vectors <= 4096) return {1024, 4};
-  // Wider: 8 CTAs of 256 x 4 vectors. bf16 needs ~69 registers/thread here
-  // (3 such CTAs per SM); 512- or 1024-thread CTAs would spill at 64.
-  if (clusters && vectors <= kMaxSplit * 256 * 4) return {256, 4, kMaxSplit};
+  if (vectors <= 128) return {64, 2};
+  if (vectors <= 256) return {128, 2};
+  if (vectors <= 512) return {256, 2};
+  if (vectors <= 1024) return {512, 2};
+  // 512 x 2 vectors per CTA, 2-8 CTAs per row: the fewest CTAs per cluster
+  // barrier. On H100 at 4096 x 32768 bf16: 58% of copy bandwidth, as fast
+  // as 8 x 256 x 2 (two CTAs per SM); the streaming kernel reached 10-13%.
+  for (int split = 2; clusters && split <= kMaxSplit; split *= 2)
+    if (vectors <= int64_t(split) * 512 * 2) return {512, 2, split};
   return {};
 }
 
@@ -87,7 +72,7 @@ cudaError_t has_clusters(bool* result) {
   int answer = 0;
   const cudaError_t err = per_device(cache, [](int device, int* v) {
     bool yes = false;
-    const cudaError_t e = runs_sm90_code(norm::norm_fwd_rows_kernel<float, 256, 4, kMaxSplit>, device, &yes);
+    const cudaError_t e = runs_sm90_code(norm::norm_bwd_rows_kernel<float, 512, 2, kMaxSplit>, device, &yes);
     *v = yes ? 2 : 1;
     return e;
   }, &answer);
@@ -101,14 +86,44 @@ constexpr int64_t kMaxGrid = 1 << 16;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Clusters of kSplit consecutive blocks (plain blocks when kSplit == 1)
-// walking the rows.
-template <typename T, int kGroup, int kVecs, int kSplit>
-cudaError_t launch_fwd_rows(const NormFwdParams& p, cudaStream_t stream) {
-  constexpr int kThreads = block_threads<kGroup>();
-  const int64_t clusters = std::min(kMaxGrid, ceil_div(p.rows, kThreads / kGroup));
-  return ClusterLaunch(kSplit, clusters * kSplit, kThreads, 0, stream)
-      .launch(norm::norm_fwd_rows_kernel<T, kGroup, kVecs, kSplit>, p);
+// The forward's warp kernel: kLanes lanes per row, kVecs vectors each; with
+// kSplit > 1 one cluster of kSplit one-row blocks per row.
+template <typename T, int kLanes, int kVecs = 8, int kSplit = 1>
+cudaError_t launch_fwd_warp(const NormFwdParams& p, cudaStream_t stream) {
+  const int64_t blocks = kSplit > 1 ? p.rows * kSplit : ceil_div(p.rows, norm::kWarpBlock / kLanes);
+  return ClusterLaunch(kSplit, blocks, norm::kWarpBlock, 0, stream)
+      .launch(norm::norm_fwd_warp_kernel<T, kLanes, kVecs, kSplit>, p);
+}
+
+// Eight vectors per lane (128 bytes of loads in flight per lane) on as many
+// lanes as the row needs, up to eight warps; past that (sm_90+) clusters of
+// 2, 4 or 8 such blocks, then sixteen vectors per lane. Without clusters,
+// one block of sixteen. False, launching nothing, for wider rows. H200, bf16,
+// 64 MB, % of copy across layer/RMS with and without the residual, in one
+// process: 32768 columns 63-73% on two CTAs of 8 vectors against 48-67% on
+// one of 16 and 51-64% on four of 4; 65536 columns 58-69% on four of 8
+// against 47-59% on two of 16 and 48-63% on eight of 4.
+template <typename T>
+bool launch_fwd_warp_for(const NormFwdParams& p, bool clusters, cudaStream_t stream, cudaError_t* err) {
+  const int64_t lanes = ceil_div(p.cols / Vec<T>::kN, 8);
+  if (lanes <= 1) *err = launch_fwd_warp<T, 1>(p, stream);
+  else if (lanes <= 2) *err = launch_fwd_warp<T, 2>(p, stream);
+  else if (lanes <= 4) *err = launch_fwd_warp<T, 4>(p, stream);
+  else if (lanes <= 8) *err = launch_fwd_warp<T, 8>(p, stream);
+  else if (lanes <= 16) *err = launch_fwd_warp<T, 16>(p, stream);
+  else if (lanes <= 32) *err = launch_fwd_warp<T, 32>(p, stream);
+  else if (lanes <= 64) *err = launch_fwd_warp<T, 64>(p, stream);
+  else if (lanes <= 128) *err = launch_fwd_warp<T, 128>(p, stream);
+  else if (lanes <= 256) *err = launch_fwd_warp<T, 256>(p, stream);
+  else if (!clusters) {
+    if (lanes > 512) return false;
+    *err = launch_fwd_warp<T, 256, 16>(p, stream);
+  } else if (lanes <= 2 * 256) *err = launch_fwd_warp<T, 256, 8, 2>(p, stream);
+  else if (lanes <= 4 * 256) *err = launch_fwd_warp<T, 256, 8, 4>(p, stream);
+  else if (lanes <= 8 * 256) *err = launch_fwd_warp<T, 256, 8, 8>(p, stream);
+  else if (lanes <= 8 * 512) *err = launch_fwd_warp<T, 256, 16, 8>(p, stream);
+  else return false;
+  return true;
 }
 
 // One cluster (a block when kSplit == 1) per partial row of dscale/dbias.
@@ -127,23 +142,9 @@ cudaError_t fwd_typed(const NormFwdParams& p, cudaStream_t stream) {
   bool clusters = false;
   cudaError_t err = has_clusters(&clusters);
   if (err != cudaSuccess) return err;
-  const RowsConfig cfg = can_vectorize<T>(p.cols, {p.x, p.residual, p.y, p.h_out, p.scale, p.bias})
-                             ? pick_rows_config(p.cols / Vec<T>::kN, false, clusters)
-                             : RowsConfig{};
-  switch (config_key(cfg)) {
-    case config_key(32, 1, 1): err = launch_fwd_rows<T, 32, 1, 1>(p, stream); break;
-    case config_key(32, 2, 1): err = launch_fwd_rows<T, 32, 2, 1>(p, stream); break;
-    case config_key(32, 4, 1): err = launch_fwd_rows<T, 32, 4, 1>(p, stream); break;
-    case config_key(64, 4, 1): err = launch_fwd_rows<T, 64, 4, 1>(p, stream); break;
-    case config_key(128, 4, 1): err = launch_fwd_rows<T, 128, 4, 1>(p, stream); break;
-    case config_key(256, 4, 1): err = launch_fwd_rows<T, 256, 4, 1>(p, stream); break;
-    case config_key(512, 4, 1): err = launch_fwd_rows<T, 512, 4, 1>(p, stream); break;
-    case config_key(1024, 4, 1): err = launch_fwd_rows<T, 1024, 4, 1>(p, stream); break;
-    case config_key(256, 4, 8): err = launch_fwd_rows<T, 256, 4, 8>(p, stream); break;
-    default:
-      norm::norm_fwd_stream_kernel<T>
-          <<<std::min(kMaxGrid, p.rows), norm::kStreamBlock, 0, stream>>>(p);
-  }
+  if (!(can_vectorize<T>(p.cols, {p.x, p.residual, p.y, p.h_out, p.scale, p.bias}) &&
+        launch_fwd_warp_for<T>(p, clusters, stream, &err)))
+    norm::norm_fwd_stream_kernel<T><<<std::min(kMaxGrid, p.rows), norm::kStreamBlock, 0, stream>>>(p);
   return err != cudaSuccess ? err : cudaGetLastError();
 }
 
@@ -155,7 +156,7 @@ cudaError_t bwd_typed(const NormBwdParams& p, cudaStream_t stream) {
   const RowsConfig cfg =
       can_vectorize<T>(p.cols, {p.dy, p.h, p.dh_extra, p.dh, p.scale, p.dscale_partial,
                                 p.dbias_partial})
-          ? pick_rows_config(p.cols / Vec<T>::kN, true, clusters)
+          ? pick_bwd_config(p.cols / Vec<T>::kN, clusters)
           : RowsConfig{};
   switch (config_key(cfg)) {
     case config_key(32, 1, 1): err = launch_bwd_rows<T, 32, 1, 1>(p, stream); break;

@@ -1,10 +1,10 @@
-// Layer norm / RMS norm with the row held in registers: kGroup threads share a
-// row, each holding kVecs 16-byte vectors, so x is read once and y written
-// once. With kSplit > 1 (sm_90+, launched as clusters of kSplit CTAs) CTA r of
-// a cluster holds the r-th slice of the row, so a row kSplit times wider fits
-// in the same registers per thread; row statistics meet in distributed shared
-// memory (RowSum). Requires cols % Vec<T>::kN == 0 and
-// cols <= kSplit * kGroup * kVecs * Vec<T>::kN.
+// Layer norm / RMS norm backward with the row held in registers: kGroup
+// threads share a row, each holding kVecs 16-byte vectors, so dy and h are
+// read once and dh written once. With kSplit > 1 (sm_90+, launched as
+// clusters of kSplit CTAs) CTA r of a cluster holds the r-th slice of the
+// row, so a row kSplit times wider fits in the same registers per thread;
+// row statistics meet in distributed shared memory (RowSum). Requires
+// cols % Vec<T>::kN == 0 and cols <= kSplit * kGroup * kVecs * Vec<T>::kN.
 #pragma once
 #include "kernels/norm/norm_common.cuh"
 #include "kernels/norm/norm_row_sum.cuh"
@@ -32,100 +32,6 @@ __device__ __forceinline__ int64_t cluster_index() { return blockIdx.x / kSplit;
 
 template <int kSplit>
 __device__ __forceinline__ int64_t num_clusters() { return gridDim.x / kSplit; }
-
-template <typename T, int kGroup, int kVecs, int kSplit>
-__device__ __forceinline__ void fwd_rows(const NormFwdParams& p) {
-  constexpr int kN = Vec<T>::kN;
-  constexpr int kRowsPerBlock = block_threads<kGroup>() / kGroup;
-  using Sum = RowSum<kGroup, kSplit, 1>;
-  __shared__ typename Sum::Shared sum_smem;
-  Sum row_sum(sum_smem);
-
-  const int lane = threadIdx.x % kGroup;
-  const int group = threadIdx.x / kGroup;
-  const bool stats_writer = lane == 0 && cluster_rank<kSplit>() == 0;
-  const ThreadColumns<kGroup, kN> cols = thread_columns<kGroup, kSplit, kN>(p.cols, lane);
-  const int64_t C = p.cols;
-  const T* x = static_cast<const T*>(p.x);
-  const T* res = static_cast<const T*>(p.residual);
-  T* y = static_cast<T*>(p.y);
-  T* h_out = static_cast<T*>(p.h_out);
-
-  // The loop bound is uniform across the block (and the cluster): row_sum
-  // synchronizes.
-  const int64_t first_row = cluster_index<kSplit>() * kRowsPerBlock;
-  const int64_t row_stride = num_clusters<kSplit>() * kRowsPerBlock;
-  for (int64_t base = first_row; base < p.rows; base += row_stride) {
-    const int64_t row = base + group;
-    const bool row_ok = row < p.rows;
-    // h in its own dtype (exact: the residual add rounds to T), converted on
-    // use: f16 rows take half the registers of float (ptxas keeps bf16's
-    // shift-only conversions live instead, as if held in float).
-    Vec<T> v[kVecs];
-    float sum = 0.f;
-#pragma unroll
-    for (int i = 0; i < kVecs; ++i) {
-      if (row_ok && cols.owns(i)) {
-        const int64_t off = row * C + cols.col(i);
-        v[i] = load_vec(x + off);
-        if (res) {
-          const Vec<T> r = load_vec(res + off);
-#pragma unroll
-          for (int j = 0; j < kN; ++j) v[i].v[j] = from_f32<T>(to_f32(v[i].v[j]) + to_f32(r.v[j]));
-          store_vec(h_out + off, v[i]);
-        }
-#pragma unroll
-        for (int j = 0; j < kN; ++j) sum += to_f32(v[i].v[j]);
-      }
-    }
-    // The block's next rows stream into L2 while this one crosses the barriers.
-    prefetch_rows<kRowsPerBlock>(x, base + row_stride, p.rows, C, cols);
-    if (res) prefetch_rows<kRowsPerBlock>(res, base + row_stride, p.rows, C, cols);
-    const float inv_c = 1.f / float(C);
-    const float mean = p.rms ? 0.f : row_sum(sum) * inv_c;
-    // Two-pass variance over the registers: no cancellation for large means.
-    float sq = 0.f;
-#pragma unroll
-    for (int i = 0; i < kVecs; ++i) {
-      if (row_ok && cols.owns(i)) {
-#pragma unroll
-        for (int j = 0; j < kN; ++j) {
-          const float d = to_f32(v[i].v[j]) - mean;
-          sq += d * d;
-        }
-      }
-    }
-    const float rstd = rsqrtf(row_sum(sq) * inv_c + p.epsilon);
-    if (row_ok) {
-      if (stats_writer) {
-        if (p.mean) p.mean[row] = mean;
-        p.rstd[row] = rstd;
-      }
-#pragma unroll
-      for (int i = 0; i < kVecs; ++i) {
-        if (cols.owns(i)) {
-          const int64_t col = cols.col(i);
-          float out[kN];
-#pragma unroll
-          for (int j = 0; j < kN; ++j) out[j] = (to_f32(v[i].v[j]) - mean) * rstd;
-          if (p.scale) {
-            float s[kN];
-            load_params(p.scale + col, s);
-#pragma unroll
-            for (int j = 0; j < kN; ++j) out[j] *= s[j];
-          }
-          if (p.bias) {
-            float b[kN];
-            load_params(p.bias + col, b);
-#pragma unroll
-            for (int j = 0; j < kN; ++j) out[j] += b[j];
-          }
-          store_f32(y + row * C + col, out);
-        }
-      }
-    }
-  }
-}
 
 // Backward. Cluster c (a block when kSplit == 1) owns partial row c of
 // dscale/dbias: its groups walk rows c*R + g, c*R + g + clusters*R, ...;
@@ -261,12 +167,6 @@ __device__ __forceinline__ void bwd_rows(const NormBwdParams& p) {
 }
 
 // Cluster instances (kSplit > 1) compile to empty kernels below sm_90.
-template <typename T, int kGroup, int kVecs, int kSplit>
-__global__ void __launch_bounds__(block_threads<kGroup>())
-norm_fwd_rows_kernel(NormFwdParams p) {
-  if constexpr (kSplit == 1 || kClustersCompiled) fwd_rows<T, kGroup, kVecs, kSplit>(p);
-}
-
 template <typename T, int kGroup, int kVecs, int kSplit>
 __global__ void __launch_bounds__(block_threads<kGroup>())
 norm_bwd_rows_kernel(NormBwdParams p) {

@@ -3,7 +3,8 @@
 //   nvcc -std=c++17 -O3 -arch=sm_90a -Icpp cpp/kernels/norm/standalone_test.cu cpp/kernels/norm/launch_norm.cu -o /tmp/nt && /tmp/nt
 // Exit status 0 only when every case passes. Covers the register kernels, the
 // sm_90 cluster kernels (rows wider than one block's registers) and the
-// streaming fallback (unaligned rows), forward and backward.
+// streaming fallback (unaligned rows), forward and backward. `--no-timing`
+// skips the timings (for compute-sanitizer).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -21,7 +22,7 @@
 #include "common/standalone_data.h"
 #include "common/standalone_timing.h"
 #include "kernels/norm/launch.h"
-#include "kernels/norm/norm_rows_kernel.cuh"
+#include "kernels/norm/norm_warp_kernel.cuh"
 
 using jaxcraft::DType;
 using jaxcraft::NormBwdParams;
@@ -267,69 +268,83 @@ bool run_case(const Case& c, uint64_t seed) {
   return ok;
 }
 
-// Speed at the benchmark's wide shapes: layer norm, bf16, scale and bias, no
-// residual; bytes = what must cross HBM once (inputs read, outputs written).
-void time_case(int64_t R, int64_t C, float copy_gbps) {
+// Speed at the benchmark's shapes (bench/specs.py NORM_SPECS: 64 MB of bf16
+// x, 512 to 65536 columns): scale (and for layer norm bias); bytes = what
+// must cross HBM once, as the benchmark counts them: forward x (and the
+// residual) read, y (and h) written; backward dy, h (and dh_extra) read, dh
+// written, the dscale/dbias partial rows not counted.
+void time_case(int64_t C, bool rms, bool residual, float copy_gbps) {
+  const int64_t R = (int64_t(64) << 20) / (2 * C);
   const size_t n = size_t(R) * C, es = 2;
   const int64_t partials = std::min<int64_t>(1024, (R + kRowsPerPartial - 1) / kRowsPerPartial);
   Rng rng{1};
   const Tensor x = random_tensor(n, DType::kBF16, rng, kInputMean);
   const std::vector<float> ones(C, 1.f);
-  Buf d_x(x.bytes.data(), n * es), d_dy(x.bytes.data(), n * es), d_y(n * es), d_dh(n * es);
+  Buf d_x(x.bytes.data(), n * es), d_dy(x.bytes.data(), n * es), d_r(x.bytes.data(), n * es);
+  Buf d_y(n * es), d_dh(n * es), d_h(n * es);
   Buf d_scale(ones.data(), C * 4), d_bias(ones.data(), C * 4), d_mean(R * 4), d_rstd(R * 4);
   Buf d_ds(size_t(partials) * C * 4), d_db(size_t(partials) * C * 4);
   NormFwdParams fp;
   fp.dtype = DType::kBF16;
   fp.rows = R;
   fp.cols = C;
+  fp.rms = rms;
   fp.x = d_x.p;
+  fp.residual = residual ? d_r.p : nullptr;
+  fp.h_out = residual ? d_h.p : nullptr;
   fp.scale = static_cast<float*>(d_scale.p);
-  fp.bias = static_cast<float*>(d_bias.p);
+  fp.bias = rms ? nullptr : static_cast<float*>(d_bias.p);
   fp.y = d_y.p;
-  fp.mean = static_cast<float*>(d_mean.p);
+  fp.mean = rms ? nullptr : static_cast<float*>(d_mean.p);
   fp.rstd = static_cast<float*>(d_rstd.p);
   NormBwdParams bp;
   bp.dtype = DType::kBF16;
   bp.rows = R;
   bp.cols = C;
+  bp.rms = rms;
   bp.dy = d_dy.p;
   bp.h = d_x.p;
   bp.scale = fp.scale;
   bp.mean = fp.mean;
   bp.rstd = fp.rstd;
+  bp.dh_extra = residual ? d_r.p : nullptr;
   bp.dh = d_dh.p;
   bp.dscale_partial = static_cast<float*>(d_ds.p);
-  bp.dbias_partial = static_cast<float*>(d_db.p);
+  bp.dbias_partial = rms ? nullptr : static_cast<float*>(d_db.p);
   bp.num_partials = partials;
   auto time_ms = [&](auto launch) { return mean_launch_ms(launch, kTimingReps); };
   const float fwd_ms = time_ms([&] { return jaxcraft::launch_norm_fwd(fp, nullptr); });
   const float bwd_ms = time_ms([&] { return jaxcraft::launch_norm_bwd(bp, nullptr); });
-  const double fwd_bytes = 2.0 * n * es;
-  const double bwd_bytes = 3.0 * n * es + 2.0 * 2 * partials * C * 4;  // + partials written, read
-  const double fwd_gbps = fwd_bytes / fwd_ms / 1e6, bwd_gbps = bwd_bytes / bwd_ms / 1e6;
-  std::printf("timing bf16 [%lld, %lld]: fwd %.1f us %.0f GB/s (%.0f%% of copy)  "
-              "bwd %.1f us %.0f GB/s (%.0f%% of copy)\n",
-              (long long)R, (long long)C, fwd_ms * 1e3, fwd_gbps, 100 * fwd_gbps / copy_gbps,
-              bwd_ms * 1e3, bwd_gbps, 100 * bwd_gbps / copy_gbps);
+  const double fwd_gbps = (residual ? 4.0 : 2.0) * n * es / fwd_ms / 1e6;
+  const double bwd_gbps = (residual ? 4.0 : 3.0) * n * es / bwd_ms / 1e6;
+  std::printf("timing bf16 %-5s%s [%6lld, %5lld]: fwd %6.1f us %5.0f GB/s (%3.0f%% of copy)  "
+              "bwd %6.1f us %5.0f GB/s (%3.0f%% of copy)\n",
+              rms ? "rms" : "layer", residual ? "+res" : "    ", (long long)R, (long long)C, fwd_ms * 1e3,
+              fwd_gbps, 100 * fwd_gbps / copy_gbps, bwd_ms * 1e3, bwd_gbps, 100 * bwd_gbps / copy_gbps);
 }
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  const bool timing = !(argc > 1 && std::strcmp(argv[1], "--no-timing") == 0);
   int device = 0, major = 0, minor = 0;
   CHECK(cudaGetDevice(&device));
   CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   cudaFuncAttributes attrs;
-  CHECK(cudaFuncGetAttributes(&attrs, jaxcraft::norm::norm_fwd_rows_kernel<float, 256, 4, 8>));
+  CHECK(cudaFuncGetAttributes(&attrs, jaxcraft::norm::norm_fwd_warp_kernel<float, 256, 16, 8>));
   std::printf("device sm_%d%d; cluster kernel image: ptx %d, binary %d (clusters used: %s)\n",
               major, minor, attrs.ptxVersion, attrs.binaryVersion,
               major >= 9 && attrs.ptxVersion >= 90 ? "yes" : "no");
 
-  // Column counts: register kernels (4096), cluster kernels on sm_90 (8200 ..
-  // 65536; streaming on older GPUs), streaming (8193: not a whole number of
-  // 16-byte vectors; 65536 f32 backward: wider than 8 CTAs x 1024 vectors).
-  const int64_t kCols[] = {4096, 8192 + 8, 8193, 16384, 32768, 65536};
+  // Column counts: the forward's warp kernel from one lane per row (8) to
+  // parts of warps (200, 1000: row tails inside a lane's vectors, rows past
+  // the last one in a warp) and whole warps (2056 .. 32768), and its cluster
+  // kernels on sm_90 (bf16 65536, f32 32768 and 65536); the backward's
+  // register kernels (<= 8192 bf16) and cluster kernels on sm_90 (8200 ..
+  // 65536); streaming (8193: not a whole number of 16-byte vectors; 65536
+  // f32 backward: wider than 8 CTAs x 1024 vectors; clusters on older GPUs).
+  const int64_t kCols[] = {8, 200, 1000, 2056, 4096, 8192 + 8, 8193, 16384, 32768, 65536};
   const int64_t kRows[] = {5, 64, 300};
   const DType kTypes[] = {DType::kBF16, DType::kF32, DType::kF16};
   std::vector<Case> cases;
@@ -346,10 +361,12 @@ int main() {
   uint64_t seed = 1;
   for (const Case& c : cases) all_ok &= run_case(c, seed++);
 
-  const float copy = copy_bandwidth_gbps(kTimingReps);
-  std::printf("device-to-device copy: %.0f GB/s (read + write)\n", copy);
-  const int64_t kTimingShapes[][2] = {{4096, 8192}, {4096, 16384}, {4096, 32768}, {2048, 65536}};
-  for (const auto& s : kTimingShapes) time_case(s[0], s[1], copy);
+  const float copy = timing ? copy_bandwidth_gbps(kTimingReps) : 0.f;
+  if (timing) std::printf("device-to-device copy: %.0f GB/s (read + write)\n", copy);
+  for (int64_t C = 512; C <= 65536; C *= 2)
+    for (bool rms : {false, true})
+      for (bool residual : {false, true})
+        if (timing) time_case(C, rms, residual, copy);
 
   std::printf("%s\n", all_ok ? "ALL PASS" : "SOME FAILED");
   return all_ok ? 0 : 1;
