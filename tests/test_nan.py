@@ -34,6 +34,8 @@ def _inputs(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_attention(platform, dtype):
+  if platform == "cuda" and dtype == jnp.float32:
+    pytest.skip("float32 runs the reference on CUDA")
   q, kv, kv_nan = _inputs(dtype)
   lengths = jnp.array([6, 3], jnp.int32)
   attend = lambda impl, q, k, v, **kw: jaxcraft.dot_product_attention(
@@ -63,7 +65,7 @@ def test_decode_attention(platform, dtype, cache):
 
 
 def test_masked_rows_still_give_zeros(platform):
-  q, kv, _ = _inputs(jnp.float32)
+  q, kv, _ = _inputs(jnp.bfloat16)
   out = jaxcraft.dot_product_attention(jnp.ones_like(q), kv, kv, implementation=platform,
                                        key_value_seq_lengths=jnp.array([6, 0], jnp.int32))
   np.testing.assert_array_equal(np.asarray(out[1]), 0.0)

@@ -365,7 +365,7 @@ __global__ void __launch_bounds__(Sh::kThreads) attn_fwd_kernel(const FwdArgs a)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float sum = quad_sum(row_sum[mt][h]);
-      const bool seen = sum > 0.f;
+      const bool seen = sum > 0.f || sum != sum;  // NaN: a NaN score, the row NaN as in jax.nn
       const float inv = seen ? out_scale / sum : 0.f;
 #pragma unroll
       for (int j = 0; j < Sh::kHeadTiles; ++j) {

@@ -1,7 +1,8 @@
 // Merges the split partials of every output row (b, t, n) by their
 // logsumexp: o = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M), M = max_s lse_s.
 // Splits that saw no key (lse = -inf) are skipped, never multiplied: their
-// partial o may be anything.
+// partial o may be anything. A NaN lse (a NaN score) makes the row NaN, as
+// jax.nn.
 //
 // One CTA per row: warp w takes splits w, w + kCombineWarps, ..., and keeps
 // its own running max, weight sum and weighted sum (an online merge), so a
@@ -14,6 +15,8 @@
 // under Nsight Compute). Eight warps keep up to 64 splits in that one trip
 // (four hold 32, so 33 splits would take a second trip).
 #pragma once
+#include <math_constants.h>
+
 #include "kernels/decode/device.cuh"
 
 namespace jaxcraft {
@@ -43,6 +46,7 @@ __global__ void __launch_bounds__(kCombineThreads)
   const int splits = a.num_splits;
 
   float row_max = kNegInf, total = 0.f;  // this warp's splits, weights relative to row_max
+  bool nan = false;                      // a split of this warp has a NaN lse
   float4 acc[kCombineVecs];
 #pragma unroll
   for (int v = 0; v < kCombineVecs; ++v) acc[v] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -63,7 +67,10 @@ __global__ void __launch_bounds__(kCombineThreads)
     }
     float batch_max = row_max;
 #pragma unroll
-    for (int u = 0; u < kSplitsInFlight; ++u) batch_max = fmaxf(batch_max, lse[u]);
+    for (int u = 0; u < kSplitsInFlight; ++u) {
+      batch_max = fmaxf(batch_max, lse[u]);  // fmaxf skips NaN: `nan` keeps it
+      nan |= lse[u] != lse[u];
+    }
     if (batch_max == kNegInf) continue;  // no split so far saw a key
     const float correction = exp2f(row_max - batch_max);  // 0 while row_max is -inf
     total *= correction;
@@ -92,7 +99,7 @@ __global__ void __launch_bounds__(kCombineThreads)
 #pragma unroll
   for (int v = 0; v < kCombineVecs; ++v) s_acc[warp][lane + v * kWarpSize] = acc[v];
   if (lane == 0) {
-    s_max[warp] = row_max;
+    s_max[warp] = nan ? CUDART_NAN_F : row_max;  // a NaN max makes every weight below NaN
     s_total[warp] = total;
   }
   __syncthreads();
@@ -114,7 +121,7 @@ __global__ void __launch_bounds__(kCombineThreads)
     sum.w += w * s_acc[i][vec].w;
     weight += w * s_total[i];
   }
-  const float inv = weight > 0.f ? 1.f / weight : 0.f;
+  const float inv = weight > 0.f || weight != weight ? 1.f / weight : 0.f;
   store4(static_cast<T*>(p.o) + row * head_dim + vec * 4,
          make_float4(sum.x * inv, sum.y * inv, sum.z * inv, sum.w * inv));
 }

@@ -48,10 +48,13 @@ struct Epilogue {
         stats.weight[s * kRows + tid] = w;
         total += stats.sum[s * kRows + tid] * w;
       }
-      const float inv = total > 0.f ? 1.f / total : 0.f;
+      // No key: zeros and lse = -inf. A NaN score (a NaN query or key) makes
+      // the total NaN, and the row's output and lse NaN, as jax.nn.
+      const bool has_keys = total > 0.f || total != total;
+      const float inv = has_keys ? 1.f / total : 0.f;
 #pragma unroll
       for (int s = 0; s < kSlots; ++s) stats.weight[s * kRows + tid] *= inv;
-      stats.lse[tid] = total > 0.f ? row_max + log2f(total) : kNegInf;
+      stats.lse[tid] = has_keys ? row_max + log2f(total) : kNegInf;
     }
     __syncthreads();
 

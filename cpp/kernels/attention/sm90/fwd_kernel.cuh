@@ -1006,7 +1006,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (int h = 0; h < 2; ++h) {
       const int r = thread_row0 + 8 * h;
       const float sum = kSumByMma ? o[0][kD / 8][2 * h] : quad_sum(row_sum[0][h]);
-      const bool seen = sum > 0.f && r >= row_first && r < rows_valid;
+      // sum = 0: the row saw no key (zeros, lse -inf); NaN: a NaN score,
+      // which makes the row and its lse NaN, as jax.nn.
+      const bool seen = (sum > 0.f || sum != sum) && r >= row_first && r < rows_valid;
       float inv = seen ? 1.f / sum : 0.f;
       if constexpr (kFeat == kDropout) inv *= a.scores.dropout_keep_scale;
 #pragma unroll
