@@ -10,15 +10,21 @@ import sys
 def norm_table(rows):
   by = collections.defaultdict(dict)
   for r in rows:
-    by[(r["op"], r["shape"])][(r["impl"], r["mode"])] = r
-  out = ["| op | T x C | jaxcraft fwd GB/s (% copy) | XLA fwd | Pallas fwd | jaxcraft fwd+bwd "
-         "| XLA fwd+bwd | Pallas fwd+bwd |", "|---|---|---|---|---|---|---|---|"]
-  for (op, shape), cells in by.items():
-    cell = lambda impl, mode: (f"{cells[(impl, mode)]['gbps']:.0f} ({cells[(impl, mode)]['pct_copy']:.0f}%)"
-                               if (impl, mode) in cells else "-")
-    out.append(f"| {op} | {shape} | " + " | ".join(
-        cell(impl, mode) for mode in ("fwd", "fwd+bwd") for impl in ("jaxcraft", "xla", "pallas"))
-        + " |")
+    by[(r["shape"], r["op"])][(r["impl"], r["mode"])] = r
+  out = ["| rows x columns | op | jaxcraft fwd | XLA fwd | jaxcraft bwd | XLA bwd |",
+         "|---|---|---|---|---|---|"]
+
+  def cell(cells, impl, mode):
+    r = cells.get((impl, mode))
+    if r is None:
+      return "-"
+    kernel = f"; kernel {r['kernel_pct_copy']:.0f}%" if "kernel_pct_copy" in r else ""
+    return f"{r['us']:.1f} ({r['pct_copy']:.0f}%{kernel})"
+
+  for (shape, op), cells in by.items():
+    out.append(f"| {shape} | {op.replace('+residual', ' + residual')} | "
+               + " | ".join(cell(cells, impl, mode) for mode in ("fwd", "bwd") for impl in ("jaxcraft", "xla"))
+               + " |")
   return "\n".join(out)
 
 
