@@ -587,6 +587,21 @@ def _check_dropout(dropout_rate, dropout_rng):
   return rate, dropout_key_words(dropout_rng)
 
 
+def _complex_attention(query, key, value, bias, mask, implementation, extensions, **jax_nn_args):
+  """Complex inputs: jax.nn's own computation (complex logits, a float32
+  softmax of their real part, complex probabilities times the values), which
+  no kernel implements. jaxcraft's extensions (`extensions`: name -> whether
+  given) have no meaning there and raise a TypeError naming the first."""
+  if implementation in ("cuda", "cpu"):
+    raise ValueError(f"implementation={implementation!r}: the inputs are complex, which the kernels do "
+                     "not take; implementation=None or 'xla' computes as jax.nn does")
+  if given := [name for name, used in extensions.items() if used]:
+    raise TypeError(f"{given[0]} is not supported with complex inputs (they run "
+                    "jax.nn.dot_product_attention, which has no such argument)")
+  return jax.nn.dot_product_attention(query, key, value, bias, mask, implementation="xla",
+                                      **jax_nn_args)
+
+
 def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None,
                           is_causal=False, query_seq_lengths=None, key_value_seq_lengths=None,
                           local_window_size=None, q_segment_ids=None, kv_segment_ids=None,
@@ -609,7 +624,9 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
 
   Args:
     query: [B, T, N, H] (or unbatched [T, N, H]) float32, bfloat16 or
-      float16; float64 runs the reference in float64.
+      float16; float64 runs the reference in float64; complex inputs run
+      `jax.nn.dot_product_attention`'s own computation (which takes the
+      softmax of the logits' real part), with jax.nn's arguments only.
     key: [B, S, K, H] (or [S, K, H]) with query's dtype; N must be a
       multiple of K (grouped-query attention: query head n reads KV head
       n // (N // K)).
@@ -670,7 +687,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
 
   Raises:
     TypeError: an input is not an array; query is not float32, bfloat16,
-      float16 or float64, or key/value differ from its dtype; bias is not
+      float16, float64 or complex, or key/value differ from its dtype; a
+      jaxcraft extension is given with complex inputs; bias is not
       floating; mask is not bool; sequence lengths are not int32; segment ids
       are not integers; `scale`, `logit_soft_cap` or `dropout_rate` is traced
       or not a float; `local_window_size` is not an int or a pair of ints.
@@ -681,11 +699,20 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
       given; a negative window; `causal_alignment` is unknown;
       `logit_soft_cap` <= 0; `dropout_rate` outside [0, 1) or no
       `dropout_rng`; `precision` is not a precision; `implementation` forces a
-      kernel on float64, is unknown, names kernels this build lacks, or is
+      kernel on float64 or complex inputs, is unknown, names kernels this build lacks, or is
       "cuda" for inputs the CUDA kernel does not take (or for a computation
       compiled for another platform).
   """
   _primitive.check_implementation(implementation)
+  if any(jnp.iscomplexobj(a) for a in (query, key, value)):
+    extensions = dict(q_segment_ids=q_segment_ids is not None, kv_segment_ids=kv_segment_ids is not None,
+                      logit_soft_cap=logit_soft_cap is not None,
+                      causal_alignment=causal_alignment != "top_left", dropout_rate=dropout_rate != 0.0,
+                      precision=precision is not None)
+    return _complex_attention(query, key, value, bias, mask, implementation, extensions, scale=scale,
+                              is_causal=is_causal, query_seq_lengths=query_seq_lengths,
+                              key_value_seq_lengths=key_value_seq_lengths,
+                              local_window_size=local_window_size, return_residual=return_residual)
   q, k, v = _check_qkv(query, key, value)
   implementation = _checks.float_implementation("query", q, implementation)
   unbatched = q.ndim == 3
