@@ -16,6 +16,10 @@ class LayerNorm(linen.LayerNorm):
   Flax's attributes, defaults and parameter names. The kernel runs when
   normalizing over the last axis only, with `axis_name=None` and no mask;
   other configurations run Flax's own module.
+
+  Attributes:
+    `flax.linen.LayerNorm`'s, with its defaults (epsilon, dtype, param_dtype,
+    use_scale, the initializers, reduction and feature axes, ...).
   """
 
   @linen.compact
@@ -35,6 +39,10 @@ class RMSNorm(linen.RMSNorm):
   Flax's attributes, defaults and parameter names. The kernel runs when
   normalizing over the last axis only, with `axis_name=None` and no mask;
   other configurations run Flax's own module.
+
+  Attributes:
+    `flax.linen.RMSNorm`'s, with its defaults (epsilon, dtype, param_dtype,
+    use_scale, the initializers, reduction and feature axes, ...).
   """
 
   @linen.compact

@@ -24,6 +24,11 @@ class LayerNorm(nnx.LayerNorm):
   Flax's constructor and parameters. The kernel runs when normalizing over
   the last axis only, with `axis_name=None` and no mask; other
   configurations run Flax's own module.
+
+  Args:
+    `flax.nnx.LayerNorm`'s constructor arguments, with its defaults
+    (num_features, epsilon, dtype, param_dtype, the initializers,
+    promote_dtype, rngs, ...).
   """
 
   def __call__(self, x, *, mask=None, residual=None):
@@ -42,6 +47,11 @@ class RMSNorm(nnx.RMSNorm):
   Flax's constructor and parameters. The kernel runs when normalizing over
   the last axis only, with `axis_name=None` and no mask; other
   configurations run Flax's own module.
+
+  Args:
+    `flax.nnx.RMSNorm`'s constructor arguments, with its defaults
+    (num_features, epsilon, dtype, param_dtype, the initializers,
+    promote_dtype, rngs, ...).
   """
 
   def __call__(self, x, *, mask=None, residual=None):
