@@ -37,14 +37,14 @@ def kernel_applies(module) -> bool:
           and module.axis_name is None)
 
 
-def use_kernel(module, mask, residual) -> bool:
-  """Whether a call runs the kernel (else Flax's own module). The fused
-  residual form exists only where the kernel applies: asking for it
-  elsewhere is an error, not a silent fallback."""
-  applies = mask is None and kernel_applies(module)
+def use_kernel(module, x, mask, residual) -> bool:
+  """Whether a call runs the kernel (else Flax's own module, which also
+  takes complex x). The fused residual form exists only where the kernel
+  applies: asking for it elsewhere is an error, not a silent fallback."""
+  applies = mask is None and not jnp.iscomplexobj(x) and kernel_applies(module)
   if residual is not None and not applies:
-    raise ValueError("residual= needs the kernel's configuration: no mask, normalization over "
-                     "the last axis only, axis_name=None")
+    raise ValueError("residual= needs the kernel's configuration: real x, no mask, normalization "
+                     "over the last axis only, axis_name=None")
   return applies
 
 

@@ -242,27 +242,6 @@ def test_bad_input():
     jaxcraft.dot_product_attention(q, k, v, precision="sloppy")
 
 
-@pytest.mark.filterwarnings("ignore:Casting from complex:DeprecationWarning")
-def test_complex_inputs_compute_as_jax_nn():
-  """jax.nn takes complex inputs (a float32 softmax of the logits' real
-  part); jaxcraft runs that computation. Its extensions and forced kernels
-  raise errors naming them."""
-  k = jax.random.split(jax.random.key(0), 2)
-  q, kv = (jax.lax.complex(*(jax.random.normal(key, (2, 2, 7, 4, 8)))) for key in k)
-  mask = jnp.arange(7)[None, :] <= jnp.arange(7)[:, None]
-  lengths = jnp.array([7, 4], jnp.int32)
-  for kw in (dict(), dict(is_causal=True, return_residual=True), dict(mask=mask),
-             dict(key_value_seq_lengths=lengths, local_window_size=2)):
-    got = jaxcraft.dot_product_attention(q, kv, kv, **kw)
-    want = jax.nn.dot_product_attention(q, kv, kv, **kw)
-    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-      np.testing.assert_array_equal(g, w)
-  with pytest.raises(TypeError, match="logit_soft_cap is not supported with complex inputs"):
-    jaxcraft.dot_product_attention(q, kv, kv, logit_soft_cap=30.0)
-  with pytest.raises(ValueError, match="implementation='cpu': the inputs are complex"):
-    jaxcraft.dot_product_attention(q, kv, kv, implementation="cpu")
-
-
 @pytest.mark.gpu
 def test_cuda_rejects_float32_clearly():
   q, k, v = _qkv(1, 8, 8, 2, 2, 32, jnp.float32)

@@ -14,8 +14,8 @@ class LayerNorm(linen.LayerNorm):
   """Drop-in for `flax.linen.LayerNorm`, run by `jaxcraft.layer_norm`.
 
   Flax's attributes, defaults and parameter names. The kernel runs when
-  normalizing over the last axis only, with `axis_name=None` and no mask;
-  other configurations run Flax's own module.
+  normalizing over the last axis only, with `axis_name=None`, no mask and
+  real x; other configurations run Flax's own module.
 
   Attributes:
     `flax.linen.LayerNorm`'s, with its defaults (epsilon, dtype, param_dtype,
@@ -24,7 +24,7 @@ class LayerNorm(linen.LayerNorm):
 
   @linen.compact
   def __call__(self, x, *, mask=None, residual=None):
-    if not _flax_norm.use_kernel(self, mask, residual):
+    if not _flax_norm.use_kernel(self, x, mask, residual):
       return super().__call__(x, mask=mask)
     cols = x.shape[-1]
     scale = self.param("scale", self.scale_init, (cols,), self.param_dtype) if self.use_scale else None
@@ -37,8 +37,8 @@ class RMSNorm(linen.RMSNorm):
   """Drop-in for `flax.linen.RMSNorm`, run by `jaxcraft.rms_norm`.
 
   Flax's attributes, defaults and parameter names. The kernel runs when
-  normalizing over the last axis only, with `axis_name=None` and no mask;
-  other configurations run Flax's own module.
+  normalizing over the last axis only, with `axis_name=None`, no mask and
+  real x; other configurations run Flax's own module.
 
   Attributes:
     `flax.linen.RMSNorm`'s, with its defaults (epsilon, dtype, param_dtype,
@@ -47,7 +47,7 @@ class RMSNorm(linen.RMSNorm):
 
   @linen.compact
   def __call__(self, x, *, mask=None, residual=None):
-    if not _flax_norm.use_kernel(self, mask, residual):
+    if not _flax_norm.use_kernel(self, x, mask, residual):
       return super().__call__(x, mask=mask)
     cols = x.shape[-1]
     scale = self.param("scale", self.scale_init, (cols,), self.param_dtype) if self.use_scale else None

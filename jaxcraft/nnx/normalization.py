@@ -22,7 +22,7 @@ class LayerNorm(nnx.LayerNorm):
   """Drop-in for `flax.nnx.LayerNorm`, run by `jaxcraft.layer_norm`.
 
   Flax's constructor and parameters. The kernel runs when normalizing over
-  the last axis only, with `axis_name=None` and no mask; other
+  the last axis only, with `axis_name=None`, no mask and real x; other
   configurations run Flax's own module.
 
   Args:
@@ -32,7 +32,7 @@ class LayerNorm(nnx.LayerNorm):
   """
 
   def __call__(self, x, *, mask=None, residual=None):
-    if not _flax_norm.use_kernel(self, mask, residual):
+    if not _flax_norm.use_kernel(self, x, mask, residual):
       return super().__call__(x, mask=mask)
     scale = self.scale[...] if self.scale else None
     bias = self.bias[...] if self.bias else None
@@ -45,7 +45,7 @@ class RMSNorm(nnx.RMSNorm):
   """Drop-in for `flax.nnx.RMSNorm`, run by `jaxcraft.rms_norm`.
 
   Flax's constructor and parameters. The kernel runs when normalizing over
-  the last axis only, with `axis_name=None` and no mask; other
+  the last axis only, with `axis_name=None`, no mask and real x; other
   configurations run Flax's own module.
 
   Args:
@@ -55,7 +55,7 @@ class RMSNorm(nnx.RMSNorm):
   """
 
   def __call__(self, x, *, mask=None, residual=None):
-    if not _flax_norm.use_kernel(self, mask, residual):
+    if not _flax_norm.use_kernel(self, x, mask, residual):
       return super().__call__(x, mask=mask)
     scale = self.scale[...] if self.scale else None
     x, scale, _ = _promote(self, x, scale, None)

@@ -47,6 +47,19 @@ def float_implementation(name: str, x, implementation):
                    f"computes in {dtype}")
 
 
+def runs_jax_nn(name: str, x, implementation) -> bool:
+  """Whether `x` is complex, which jax.nn's functions take (computing with
+  complex values, or as attention a softmax of the logits' real part) and
+  no kernel does: the op then calls jax.nn's function. A forced kernel
+  raises a ValueError naming the argument."""
+  if not jnp.iscomplexobj(x):
+    return False
+  if implementation in ("cuda", "cpu"):
+    raise ValueError(f"implementation={implementation!r}: {name} is complex, which the kernels do not "
+                     "take; implementation=None or 'xla' computes as jax.nn does")
+  return True
+
+
 def compute_dtype(dtype):
   """The dtype the references compute in: float32 for the kernels' dtypes
   (as the kernels accumulate), float64 for float64."""

@@ -518,7 +518,7 @@ def gelu(x, approximate=True, *, implementation=None):
 
   Args:
     x: any shape, float32, bfloat16 or float16; float64 runs the
-      reference in float64.
+      reference in float64; complex x runs jax.nn.gelu.
     approximate: Python bool (static): the tanh form if True, else the
       exact erf form.
     implementation: None takes the policy table's choice for the platform,
@@ -531,14 +531,16 @@ def gelu(x, approximate=True, *, implementation=None):
     x's shape and dtype.
 
   Raises:
-    TypeError: x is not float32, bfloat16, float16 or float64; `approximate`
-      is not a Python bool.
-    ValueError: `implementation` forces a kernel on float64, is unknown,
-      names kernels this build lacks, or names a platform other than the one
-      being compiled for.
+    TypeError: x is not float32, bfloat16, float16, float64 or complex;
+      `approximate` is not a Python bool.
+    ValueError: `implementation` forces a kernel on float64 or complex x, is
+      unknown, names kernels this build lacks, or names a platform other
+      than the one being compiled for.
   """
-  x, implementation = _check_x(x, implementation, None)
   approximate = _check_approximate(approximate)
+  if _checks.runs_jax_nn("x", _checks.as_array("x", x), implementation):
+    return jax.nn.gelu(x, approximate)
+  x, implementation = _check_x(x, implementation, None)
   return _apply("gelu", _gelu_code(approximate), x, None, implementation,
                 lambda: gelu_reference(x, approximate))
 

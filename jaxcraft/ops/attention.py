@@ -587,14 +587,11 @@ def _check_dropout(dropout_rate, dropout_rng):
   return rate, dropout_key_words(dropout_rng)
 
 
-def _complex_attention(query, key, value, bias, mask, implementation, extensions, **jax_nn_args):
+def _complex_attention(query, key, value, bias, mask, extensions, **jax_nn_args):
   """Complex inputs: jax.nn's own computation (complex logits, a float32
-  softmax of their real part, complex probabilities times the values), which
-  no kernel implements. jaxcraft's extensions (`extensions`: name -> whether
-  given) have no meaning there and raise a TypeError naming the first."""
-  if implementation in ("cuda", "cpu"):
-    raise ValueError(f"implementation={implementation!r}: the inputs are complex, which the kernels do "
-                     "not take; implementation=None or 'xla' computes as jax.nn does")
+  softmax of their real part, complex probabilities times the values).
+  jaxcraft's extensions (`extensions`: name -> whether given) have no
+  meaning there and raise a TypeError naming the first."""
   if given := [name for name, used in extensions.items() if used]:
     raise TypeError(f"{given[0]} is not supported with complex inputs (they run "
                     "jax.nn.dot_product_attention, which has no such argument)")
@@ -704,12 +701,13 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
       compiled for another platform).
   """
   _primitive.check_implementation(implementation)
-  if any(jnp.iscomplexobj(a) for a in (query, key, value)):
+  if any(_checks.runs_jax_nn(name, a, implementation)
+         for name, a in (("query", query), ("key", key), ("value", value))):
     extensions = dict(q_segment_ids=q_segment_ids is not None, kv_segment_ids=kv_segment_ids is not None,
                       logit_soft_cap=logit_soft_cap is not None,
                       causal_alignment=causal_alignment != "top_left", dropout_rate=dropout_rate != 0.0,
                       precision=precision is not None)
-    return _complex_attention(query, key, value, bias, mask, implementation, extensions, scale=scale,
+    return _complex_attention(query, key, value, bias, mask, extensions, scale=scale,
                               is_causal=is_causal, query_seq_lengths=query_seq_lengths,
                               key_value_seq_lengths=key_value_seq_lengths,
                               local_window_size=local_window_size, return_residual=return_residual)

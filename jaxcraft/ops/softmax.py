@@ -327,7 +327,7 @@ def softmax(x, axis=-1, where=None, *, implementation=None):
 
   Args:
     x: array of at least one axis, float32, bfloat16 or float16; float64
-      runs jax.nn.softmax in float64.
+      and complex x run jax.nn.softmax.
     axis: an int, a tuple of distinct ints, or None (all axes).
     where: optional bool array broadcastable to x's shape: the elements to
       include.
@@ -340,15 +340,18 @@ def softmax(x, axis=-1, where=None, *, implementation=None):
     x's shape and dtype.
 
   Raises:
-    TypeError: x is not float32, bfloat16, float16 or float64; `axis` is not
-      an int, a tuple of ints or None; `where` is not bool.
+    TypeError: x is not float32, bfloat16, float16, float64 or complex;
+      `axis` is not an int, a tuple of ints or None; `where` is not bool.
     ValueError: x is a scalar; an axis is out of bounds or repeated, or `axis`
       names none; `where` does not broadcast to x's shape; `implementation`
       forces a kernel on float64, is unknown, names kernels this build lacks,
-      or names a platform other than the one being compiled for.
+      or names a platform other than the one being compiled for; it forces a
+      kernel on complex x.
   """
   _primitive.check_implementation(implementation)
   x = _checks.as_array("x", x)
+  if _checks.runs_jax_nn("x", x, implementation):
+    return jax.nn.softmax(x, axis=axis, where=where)
   implementation = _checks.float_implementation("x", x, implementation)
   if x.ndim < 1:
     raise ValueError("x must have at least one axis (the softmax one); got a scalar")
