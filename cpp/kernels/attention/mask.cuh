@@ -63,10 +63,6 @@ __device__ __forceinline__ bool tile_is_partial(const MaskArgs& m, int r0, int r
 // These hide single elements, so a tile they touch always needs per-element
 // masking; segment ranges also narrow which tiles are visited at all.
 
-__device__ __forceinline__ bool has_element_mask(const MaskArgs& m) {
-  return m.q_segment_ids != nullptr || m.mask != nullptr;
-}
-
 // Narrows keys [*lo, *hi) to those sharing a segment with rows [r0, r1] of
 // batch b (a no-op without segment ids). *lo >= *hi afterwards: no key.
 __device__ __forceinline__ void segment_key_range(const MaskArgs& m, const ShapeArgs& s, int b,
@@ -96,20 +92,6 @@ __device__ __forceinline__ void segment_query_range(const MaskArgs& m, const Sha
   }
   *lo = max(*lo, l);
   *hi = min(*hi, h);
-}
-
-// Segment ids and mask bit of element (b, n = query head, i, j); callers
-// keep i < T and j < S.
-__device__ __forceinline__ bool element_visible(const MaskArgs& m, const ShapeArgs& s, int b, int n,
-                                                int i, int j) {
-  if (m.q_segment_ids != nullptr &&
-      m.q_segment_ids[static_cast<long long>(b) * s.seqlen_q + i] !=
-          m.kv_segment_ids[static_cast<long long>(b) * s.seqlen_k + j])
-    return false;
-  if (m.mask != nullptr &&
-      !m.mask[b * m.mask_stride_b + n * m.mask_stride_n + static_cast<long long>(i) * s.seqlen_k + j])
-    return false;
-  return true;
 }
 
 // Sets the hidden scores of a thread's C-layout fragment slab to -inf: its

@@ -1,5 +1,5 @@
 // Per-element changes to the logits and probabilities (params.h:
-// AttentionScores): logit soft cap, additive bias, dropout. Shared by the
+// AttentionScores): logit soft cap and dropout. Shared by the
 // portable and the Hopper kernels.
 #pragma once
 #include <cuda_bf16.h>
@@ -34,32 +34,11 @@ __device__ __forceinline__ float soft_cap_grad(float capped, float cap) {
   return 1.f - t * t;
 }
 
-__device__ __forceinline__ long long bias_index(const ScoreArgs& sc, const ShapeArgs& s, int b,
-                                                int n, int i, int j) {
-  return b * sc.bias_stride_b + n * sc.bias_stride_n + static_cast<long long>(i) * s.seqlen_k + j;
-}
-
-// bias[b, n, i, j] as float; the bias dtype is kDt or float32 (bias_f32).
-template <DType kDt>
-__device__ __forceinline__ float load_bias(const ScoreArgs& sc, const ShapeArgs& s, int b, int n,
-                                           int i, int j) {
-  const long long at = bias_index(sc, s, b, n, i, j);
-  if (sc.bias_f32) return static_cast<const float*>(sc.bias)[at];
-  if constexpr (kDt == DType::kBF16)
-    return __bfloat162float(static_cast<const __nv_bfloat16*>(sc.bias)[at]);
-  else
-    return __half2float(static_cast<const __half*>(sc.bias)[at]);
-}
-
 // The four dropout words of keys 4 j4 .. 4 j4 + 3 of row i, head n, batch b;
 // key 4 j4 + e is kept when word e >= sc.dropout_threshold.
 __device__ __forceinline__ Philox4 dropout_words(const ScoreArgs& sc, int b, int n, int i, int j4) {
   const uint32_t key[2] = {sc.dropout_key[0], sc.dropout_key[1]};
   return sc.dropout_broadcast ? dropout_block(key, 0, 0, i, j4) : dropout_block(key, b, n, i, j4);
-}
-
-__device__ __forceinline__ bool dropout_kept(const ScoreArgs& sc, int b, int n, int i, int j) {
-  return dropout_words(sc, b, n, i, j >> 2).x[j & 3] >= sc.dropout_threshold;
 }
 
 }  // namespace attn
