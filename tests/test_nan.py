@@ -25,18 +25,21 @@ def _same_nans(fn, dtype, platform):
     np.testing.assert_array_equal(_nan_pattern(g), _nan_pattern(w))
 
 
-def _inputs(dtype):
+def _inputs(dtype, head_dim=16):
   k = jax.random.split(jax.random.key(0), 3)
-  q = jax.random.normal(k[0], (2, 6, 4, 16)).at[0, 2, 1, 5].set(jnp.nan)  # one query row
-  kv = jax.random.normal(k[1], (2, 6, 2, 16))
+  q = jax.random.normal(k[0], (2, 6, 4, head_dim)).at[0, 2, 1, 5].set(jnp.nan)  # one query row
+  kv = jax.random.normal(k[1], (2, 6, 2, head_dim))
   return q.astype(dtype), kv.astype(dtype), kv.at[0, 4, 0, 2].set(jnp.nan).astype(dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_attention(platform, dtype):
+@pytest.mark.parametrize("head_dim", [16, 64])  # CUDA: the portable and the Hopper kernels
+def test_attention(platform, dtype, head_dim):
   if platform == "cuda" and dtype == jnp.float32:
     pytest.skip("float32 runs the reference on CUDA")
-  q, kv, kv_nan = _inputs(dtype)
+  if platform == "cpu" and head_dim != 16:
+    pytest.skip("the CPU kernel takes every head dim on one path")
+  q, kv, kv_nan = _inputs(dtype, head_dim)
   lengths = jnp.array([6, 3], jnp.int32)
   attend = lambda impl, q, k, v, **kw: jaxcraft.dot_product_attention(
       q, k, v, implementation=impl, key_value_seq_lengths=lengths, **kw)
