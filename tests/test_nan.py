@@ -2,7 +2,8 @@
 in a key or value a row sees, reaches exactly the outputs, logsumexps and
 gradients that jax.nn's computation makes NaN. A row that sees no key still
 gives zeros. (A NaN in a key or value no row sees, padding past a length,
-never reaches the kernels' outputs; jax.nn's dense path multiplies it by 0.)"""
+never reaches the kernels' outputs; jax.nn's dense path multiplies it by 0.)
+An infinite input gives jax.nn's NaNs and infinities."""
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +24,33 @@ def _same_nans(fn, dtype, platform):
   for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     assert _nan_pattern(w).any()  # the case has NaNs to propagate
     np.testing.assert_array_equal(_nan_pattern(g), _nan_pattern(w))
+
+
+def _same_infs(got, want):
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    g, w = (np.asarray(jnp.asarray(a, jnp.float32)) for a in (g, w))
+    np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
+    np.testing.assert_array_equal(np.isposinf(g), np.isposinf(w))
+    np.testing.assert_array_equal(np.isneginf(g), np.isneginf(w))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_infinities(platform, dtype):
+  """+-inf in a query or key (the row's logits hold inf - inf: NaN) or in a
+  value (an infinite output), and in the row ops' inputs."""
+  if platform == "cuda" and dtype == jnp.float32:
+    pytest.skip("float32 runs the reference on CUDA")
+  k = jax.random.split(jax.random.key(3), 3)
+  q, kv = jax.random.normal(k[0], (1, 6, 2, 16)), jax.random.normal(k[1], (1, 6, 2, 16))
+  cases = [(q.at[0, 2, 1, 5].set(jnp.inf), kv, kv), (q.at[0, 2, 1, 5].set(-jnp.inf), kv, kv),
+           (q, kv.at[0, 3, 1, 2].set(jnp.inf), kv), (q, kv, kv.at[0, 3, 1, 2].set(-jnp.inf))]
+  for args in cases:
+    args = [a.astype(dtype) for a in args]
+    _same_infs(jaxcraft.dot_product_attention(*args, implementation=platform),
+               jaxcraft.dot_product_attention(*args, implementation="xla"))
+  x = jax.random.normal(k[2], (4, 64)).at[1, 3].set(jnp.inf).at[2, 7].set(-jnp.inf).astype(dtype)
+  for op in (jaxcraft.rms_norm, jaxcraft.layer_norm, jaxcraft.softmax, jaxcraft.gelu):
+    _same_infs(op(x, implementation=platform), op(x, implementation="xla"))
 
 
 def _inputs(dtype, head_dim=16):
