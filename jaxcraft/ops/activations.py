@@ -538,7 +538,9 @@ def gelu(x, approximate=True, *, implementation=None):
       than the one being compiled for.
   """
   approximate = _check_approximate(approximate)
-  if _checks.runs_jax_nn("x", _checks.as_array("x", x), implementation):
+  _primitive.check_implementation(implementation)  # before jax.nn takes a complex x
+  x = _checks.as_array("x", x)
+  if _checks.runs_jax_nn("x", x, implementation):
     return jax.nn.gelu(x, approximate)
   x, implementation = _check_x(x, implementation, None)
   return _apply("gelu", _gelu_code(approximate), x, None, implementation,

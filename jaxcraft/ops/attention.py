@@ -696,9 +696,9 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
       given; a negative window; `causal_alignment` is unknown;
       `logit_soft_cap` <= 0; `dropout_rate` outside [0, 1) or no
       `dropout_rng`; `precision` is not a precision; `implementation` forces a
-      kernel on float64 or complex inputs, is unknown, names kernels this build lacks, or is
-      "cuda" for inputs the CUDA kernel does not take (or for a computation
-      compiled for another platform).
+      kernel on float64 or complex inputs, is unknown, names kernels this
+      build lacks, or is "cuda" for inputs the CUDA kernel does not take (or
+      for a computation compiled for another platform).
   """
   _primitive.check_implementation(implementation)
   if any(_checks.runs_jax_nn(name, a, implementation)
