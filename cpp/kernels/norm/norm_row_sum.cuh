@@ -146,12 +146,6 @@ class RowSum {
     other_ = used;
   }
 
-  __device__ __forceinline__ float operator()(float v) {
-    float sums[1] = {v};
-    (*this)(sums);
-    return sums[0];
-  }
-
  private:
   Buffer* cur_;
   Buffer* other_;
