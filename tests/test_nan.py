@@ -44,13 +44,22 @@ def test_infinities(platform, dtype):
   q, kv = jax.random.normal(k[0], (1, 6, 2, 16)), jax.random.normal(k[1], (1, 6, 2, 16))
   cases = [(q.at[0, 2, 1, 5].set(jnp.inf), kv, kv), (q.at[0, 2, 1, 5].set(-jnp.inf), kv, kv),
            (q, kv.at[0, 3, 1, 2].set(jnp.inf), kv), (q, kv, kv.at[0, 3, 1, 2].set(-jnp.inf))]
+  attend = lambda impl, *args: jaxcraft.dot_product_attention(*args, implementation=impl)
   for args in cases:
     args = [a.astype(dtype) for a in args]
-    _same_infs(jaxcraft.dot_product_attention(*args, implementation=platform),
-               jaxcraft.dot_product_attention(*args, implementation="xla"))
+    _same_infs(attend(platform, *args), attend("xla", *args))
+    _same_infs(_grad(attend, platform, *args), _grad(attend, "xla", *args))
   x = jax.random.normal(k[2], (4, 64)).at[1, 3].set(jnp.inf).at[2, 7].set(-jnp.inf).astype(dtype)
   for op in (jaxcraft.rms_norm, jaxcraft.layer_norm, jaxcraft.softmax, jaxcraft.gelu):
-    _same_infs(op(x, implementation=platform), op(x, implementation="xla"))
+    apply = lambda impl, x: op(x, implementation=impl)
+    _same_infs(apply(platform, x), apply("xla", x))
+    _same_infs(_grad(apply, platform, x), _grad(apply, "xla", x))
+
+
+def _grad(fn, impl, *args):
+  """The gradients of sum(sin(fn)) (sin: a cotangent that varies by element)."""
+  loss = lambda *a: jnp.sum(jnp.sin(fn(impl, *a).astype(jnp.float32)))
+  return jax.grad(loss, argnums=tuple(range(len(args))))(*args)
 
 
 def _inputs(dtype, head_dim=16):
