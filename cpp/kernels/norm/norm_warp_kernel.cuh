@@ -70,7 +70,7 @@ __device__ __forceinline__ Moments row_moments(float sum, float n, Squares sq, M
 }
 
 template <typename T, int kLanes, int kVecs, int kSplit>
-__global__ void __launch_bounds__(kWarpBlock, kWarpBlocksPerSm<kVecs>) norm_fwd_warp_kernel(const NormFwdParams p) {
+__device__ __forceinline__ void fwd_warp(const NormFwdParams& p) {
   using rows::element_pair;
   using rows::for_pairs;
   constexpr int kN = Vec<T>::kN;
@@ -157,6 +157,19 @@ __global__ void __launch_bounds__(kWarpBlock, kWarpBlocksPerSm<kVecs>) norm_fwd_
     }
     store_vec(y + w.kStride * i, out);
   });
+}
+
+// The images that carry an instance's code: cluster instances need sm_90,
+// and the one-block sixteen-vector instance runs only where clusters cannot
+// (launch_fwd_warp_for), so each is an empty kernel in the other image.
+template <int kVecs, int kSplit>
+constexpr bool fwd_warp_compiled() {
+  return kSplit > 1 ? kClustersCompiled : kVecs < 16 || !kClustersCompiled;
+}
+
+template <typename T, int kLanes, int kVecs, int kSplit>
+__global__ void __launch_bounds__(kWarpBlock, kWarpBlocksPerSm<kVecs>) norm_fwd_warp_kernel(const NormFwdParams p) {
+  if constexpr (fwd_warp_compiled<kVecs, kSplit>()) fwd_warp<T, kLanes, kVecs, kSplit>(p);
 }
 
 }  // namespace norm

@@ -33,9 +33,6 @@ struct Config {
 // (resident_walkers), which sm_90 grants. The widest backward rows use 16.
 constexpr int kMaxSplit = 8;
 
-// The smallest instantiated cluster size (2, 4 or 8) holding `needed` CTAs.
-int split_for(int64_t needed) { return needed <= 2 ? 2 : (needed <= 4 ? 4 : 8); }
-
 // Forward rows kernels. Register budget (64K registers per SM; 1024-thread
 // blocks leave 64 per thread): kVecs <= 4 vectors of x (16 registers; 8
 // vectors, 32 registers, for float32 rows of 64K-128K columns) plus their
@@ -78,7 +75,8 @@ Config pick_fwd_config(int64_t vectors, bool f32, bool masked) {
   // columns eight such CTAs lost 5% (1121 -> 1178 us).
   if (f32 && !masked && ctas == 2) return {512, 2 * vecs, 2};
   if (ctas > 2 && (vectors + 512 * vecs - 1) / (512 * vecs) <= kMaxSplit) return {512, vecs, kMaxSplit};
-  if (ctas <= kMaxSplit) return {1024, vecs, split_for(ctas)};
+  // Left here: two CTAs, or five to eight (16-bit rows only).
+  if (ctas <= kMaxSplit) return {1024, vecs, ctas <= 2 ? 2 : kMaxSplit};
   return {};
 }
 
@@ -254,10 +252,18 @@ bool launch_fwd_rows_masked(const SoftmaxFwdParams& p, cudaStream_t stream, cuda
   return launch_rows<kGroup, kSplit, softmax::softmax_fwd_rows_kernel<T, kGroup, kVecs, kMasked, kSplit>>(
       fwd_stage_bytes<T>(block_threads<kGroup>(), kVecs, kMasked), p, stream, err);
 }
+// The fewest vectors of an unmasked row that launch_fwd_warp takes (and
+// the most: 4096); pick_fwd_config's one-block configurations past it are
+// never run unmasked, so they are not compiled so.
+template <typename T>
+constexpr int64_t kFwdWarpMinVectors = sizeof(T) == sizeof(float) ? 513 : 129;
 template <typename T, int kGroup, int kVecs, int kSplit>
 bool launch_fwd_rows(const SoftmaxFwdParams& p, cudaStream_t stream, cudaError_t* err) {
-  return p.mask ? launch_fwd_rows_masked<T, kGroup, kVecs, kSplit, true>(p, stream, err)
-                : launch_fwd_rows_masked<T, kGroup, kVecs, kSplit, false>(p, stream, err);
+  // pick_fwd_config's one-block configurations hold more than half their capacity.
+  constexpr bool kWarpKernelRows = kSplit == 1 && kGroup * kVecs / 2 + 1 >= kFwdWarpMinVectors<T>;
+  if (p.mask) return launch_fwd_rows_masked<T, kGroup, kVecs, kSplit, true>(p, stream, err);
+  if constexpr (kWarpKernelRows) return false;
+  else return launch_fwd_rows_masked<T, kGroup, kVecs, kSplit, false>(p, stream, err);
 }
 #define JAXCRAFT_FWD_ROWS_CASE(G, V, S)                            \
   case config_key(G, V, S):                                        \
@@ -338,7 +344,7 @@ bool launch_fwd_warp(const SoftmaxFwdParams& p, cudaStream_t stream, cudaError_t
       return launch_fwd_warp_cluster<T, 8>(p, stream, err);
     }
   }
-  if (p.mask || vectors < (kF32 ? 513 : 129) || vectors > 4096) return false;
+  if (p.mask || vectors < kFwdWarpMinVectors<T> || vectors > 4096) return false;
   if constexpr (!kF32) {
     if (vectors <= 256) launch_fwd_warp_vecs<T, 8, 1>(p, stream);
     else if (vectors <= 512) launch_fwd_warp_vecs<T, 8, 2>(p, stream);
@@ -375,8 +381,9 @@ cudaError_t fwd_typed(const SoftmaxFwdParams& p, cudaStream_t stream) {
     JAXCRAFT_FWD_ROWS_CASE(1024, 4, 1)
     JAXCRAFT_FWD_ROWS_CASE(512, 4, 8)
     JAXCRAFT_FWD_ROWS_CASE(1024, 4, 2)
-    JAXCRAFT_FWD_ROWS_CASE(1024, 4, 4)
-    JAXCRAFT_FWD_ROWS_CASE(1024, 4, 8)
+    case config_key(1024, 4, 8):  // 16-bit only (pick_fwd_config: float32 takes 1024 x 8 x 4)
+      if constexpr (!kF32) ran = launch_fwd_rows<T, 1024, 4, 8>(p, stream, &err);
+      break;
     case config_key(1024, 8, 4):  // float32 only (pick_fwd_config): 16-bit rows would spill
       if constexpr (kF32) ran = launch_fwd_rows<T, 1024, 8, 4>(p, stream, &err);
       break;

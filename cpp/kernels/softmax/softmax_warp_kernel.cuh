@@ -56,9 +56,8 @@ __device__ __forceinline__ float2 merge_row_pairs(float m, float s, float2* slot
   return pair;
 }
 
-template <typename T, int kVecs, int kWarps, int kSplit = 1>
-__global__ void __launch_bounds__(kFwdWarpBlock<kVecs>, 3)
-    softmax_fwd_warp_kernel(const SoftmaxFwdParams p) {
+template <typename T, int kVecs, int kWarps, int kSplit>
+__device__ __forceinline__ void fwd_warp(const SoftmaxFwdParams& p) {
   constexpr int kBlock = kFwdWarpBlock<kVecs>;
   static_assert(kBlock % (kWarps * kWarp) == 0, "a block holds whole rows");
   __shared__ float2 slots[kBlock / kWarp];
@@ -112,8 +111,8 @@ __global__ void __launch_bounds__(kFwdWarpBlock<kVecs>, 3)
 constexpr int kBwdVecs = 8;
 constexpr int kBwdWarpBlock = kNarrowBlock;
 
-template <typename T, int kWarps, int kSplit = 1>
-__global__ void __launch_bounds__(kBwdWarpBlock, 3) softmax_bwd_warp_kernel(const SoftmaxBwdParams p) {
+template <typename T, int kWarps, int kSplit>
+__device__ __forceinline__ void bwd_warp(const SoftmaxBwdParams& p) {
   constexpr int kBlock = kBwdWarpBlock;
   constexpr int kVecs = kBwdVecs;
   static_assert(kBlock % (kWarps * kWarp) == 0, "a block holds whole rows");
@@ -135,6 +134,19 @@ __global__ void __launch_bounds__(kBwdWarpBlock, 3) softmax_bwd_warp_kernel(cons
   w.template for_owned<kVecs>([&](int i) { dot = add_dot(yv[i], gv[i], dot); });
   dot = sum_row<kWarps, kSplit>(warp_allreduce<kWarp>(dot, Sum{}), slots, cta_slots);
   w.template for_owned<kVecs>([&](int i) { store_vec(dx + w.kStride * i, softmax_grad(yv[i], gv[i], dot)); });
+}
+
+// Cluster instances (kSplit > 1) are empty kernels below sm_90, where the
+// launchers never run them (resident_walkers) but still ask their attributes.
+template <typename T, int kVecs, int kWarps, int kSplit = 1>
+__global__ void __launch_bounds__(kFwdWarpBlock<kVecs>, 3)
+    softmax_fwd_warp_kernel(const SoftmaxFwdParams p) {
+  if constexpr (kSplit == 1 || norm::kClustersCompiled) fwd_warp<T, kVecs, kWarps, kSplit>(p);
+}
+
+template <typename T, int kWarps, int kSplit = 1>
+__global__ void __launch_bounds__(kBwdWarpBlock, 3) softmax_bwd_warp_kernel(const SoftmaxBwdParams p) {
+  if constexpr (kSplit == 1 || norm::kClustersCompiled) bwd_warp<T, kWarps, kSplit>(p);
 }
 
 }  // namespace softmax

@@ -47,8 +47,10 @@ __host__ __device__ constexpr int col_block_bytes() {
 }
 
 // True when the current device is compute capability 9.0 (the "a" features
-// are not forward compatible) and `kernel` was compiled for it (a build
-// without the sm_90a target carries an empty stub).
+// are not forward compatible) and `kernel` runs code compiled for it: sm_80
+// PTX compiled by the driver (CUDA_FORCE_PTX_JIT=1, or a build without the
+// sm_90a target) has binary version 90 too, but PTX version 80 and an empty
+// stub for the kernel.
 template <class Kernel>
 bool kernel_runs_sm90a(Kernel kernel) {
   int device = 0, major = 0, minor = 0;
@@ -57,7 +59,7 @@ bool kernel_runs_sm90a(Kernel kernel) {
          cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
          cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
          major == 9 && minor == 0 && cudaFuncGetAttributes(&attrs, kernel) == cudaSuccess &&
-         attrs.binaryVersion == 90;
+         attrs.binaryVersion == 90 && attrs.ptxVersion == 90;
 }
 
 #ifdef JAXCRAFT_SM90A_ENABLED
