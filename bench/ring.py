@@ -59,18 +59,6 @@ def _fwd_bwd(fn):
   return step
 
 
-@contextlib.contextmanager
-def _without_communication():
-  """Traces rings in which every step attends to the device's own K/V and
-  partial sums stay put: the ring's compute, with no transfers."""
-  shift = _ring._shift
-  _ring._shift = lambda tree, ring, step=1: tree
-  try:
-    yield
-  finally:
-    _ring._shift = shift
-
-
 def _ring_fn(mesh, causal, layout):
   return jax.shard_map(
       lambda q, k, v: jaxcraft.ring_attention(q, k, v, axis_name=AXIS, is_causal=causal,
@@ -86,14 +74,14 @@ def _comm_fn(mesh, size, mode):
   def fn(q, k, v):
     kv = (k, v)
     for _ in range(size - 1):
-      kv = _ring._shift(kv, ring)
+      kv = _ring.shift(kv, ring)
     if mode == "fwd":
       return q + kv[0] + kv[1]
     dkv = tuple(x.astype(jnp.float32) for x in kv)
     for _ in range(size - 1):
-      kv = _ring._shift(kv, ring)
-      dkv = tuple(d + x for d, x in zip(_ring._shift(dkv, ring), kv))
-    dk, dv = _ring._shift(tuple(d.astype(q.dtype) for d in dkv), ring)
+      kv = _ring.shift(kv, ring)
+      dkv = tuple(d + x for d, x in zip(_ring.shift(dkv, ring), kv))
+    dk, dv = _ring.shift(tuple(d.astype(q.dtype) for d in dkv), ring)
     return jnp.tanh(q + dk + dv)
 
   return jax.shard_map(fn, mesh=mesh, in_specs=(SPEC,) * 3, out_specs=SPEC)
@@ -160,7 +148,7 @@ def run(bandwidth: float, specs=None):
       }
       times = {}
       for name, (step, args, tokens) in variants.items():
-        with _without_communication() if name == "compute-only" else contextlib.nullcontext():
+        with _ring.compute_only() if name == "compute-only" else contextlib.nullcontext():
           sec = _time(name, spec, mode, step, args)
         if sec is None:
           continue

@@ -61,14 +61,18 @@ def _new_primitive(name: str, abstract_eval: Callable) -> Primitive:
 
 def kernel_primitive(name: str, *, target: str, abstract_eval: Callable,
                      reference: Callable, ffi_attrs: Callable[..., dict],
-                     unsupported: Callable[..., str | None] | None = None) -> Primitive:
+                     unsupported: Callable[..., str | None] | None = None,
+                     policy: Callable[..., str | None] | None = None) -> Primitive:
   """A primitive lowered to FFI `target` where built, else to `reference`.
 
   `reference(*operands, **params)` and `ffi_attrs(**params)` (the attributes
   the handler reads) both receive the primitive's params, which include
-  `implementation`, directly or as a field of a `cfg` param. `unsupported(platform, avals_in, **params)` may name a
-  reason the platform's kernel cannot take these inputs: the reference is
-  used instead, or, when that kernel was forced, the reason is raised.
+  `implementation`, directly or as a field of a `cfg` param. Both hooks are
+  called as `hook(platform, avals_in, **params)` and may name a reason to run
+  the reference instead of the platform's kernel. `unsupported`: the kernel
+  cannot take these inputs (when that kernel was forced, the reason is
+  raised). `policy`: under implementation=None only, the reference is faster
+  here.
   """
   prim = _new_primitive(name, abstract_eval)
 
@@ -84,6 +88,8 @@ def kernel_primitive(name: str, *, target: str, abstract_eval: Callable,
           f"implementation={implementation!r} was requested, but this "
           f"computation is being compiled for {platform}")
     why = unsupported(platform, ctx.avals_in, **params) if unsupported else None
+    if why is None and implementation is None and policy:
+      why = policy(platform, ctx.avals_in, **params)
     built = _ffi.has_kernels(platform)
     if platform == "cuda" and not built:
       _ffi.warn_cuda_kernels_missing()

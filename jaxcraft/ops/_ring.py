@@ -31,6 +31,7 @@ becomes dynamic sequence lengths of one kernel call, never control flow):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Hashable
 from typing import NamedTuple
@@ -76,8 +77,26 @@ def plan(axis_name, size, *, causal, local_len, zigzag_input):
   return Ring(axis_name, size, "causal"), False
 
 
-def _shift(tree, ring, step=1):
+_transfers = True  # False inside compute_only()
+
+
+@contextlib.contextmanager
+def compute_only():
+  """Rings traced inside have no transfers: every step attends to the
+  device's own K/V and partial sums stay put. The ring's compute alone, for
+  benchmarks (bench/ring.py)."""
+  global _transfers
+  _transfers = False
+  try:
+    yield
+  finally:
+    _transfers = True
+
+
+def shift(tree, ring, step=1):
   """Every device's `tree` to the device `step` places after it."""
+  if not _transfers:
+    return tree
   n = ring.size
   perm = [(d, (d + step) % n) for d in range(n)]
   return jax.tree.map(lambda x: jax.lax.ppermute(x, ring.axis_name, perm), tree)
@@ -136,7 +155,7 @@ def forward(blocks, ring, q, k, v, q_seg=None, kv_seg=None):
   kv = (k, v, kv_seg)
   diagonal = rest = None
   for s in range(ring.size):
-    following = _shift(kv, ring) if s + 1 < ring.size else None
+    following = shift(kv, ring) if s + 1 < ring.size else None
     causal, q_len, kv_len, swap = _step_masks(ring, s, index, q.shape[1], k.shape[1], q.shape[0])
     q_s, q_seg_s = swapped if swap else (q, q_seg)
     o_b, lse_b = blocks.fwd(q_s, kv[0], kv[1], causal=causal, q_len=q_len, kv_len=kv_len,
@@ -163,9 +182,9 @@ def backward(blocks, ring, q, k, v, o, lse, do, q_seg=None, kv_seg=None):
   kv = (k, v, kv_seg)
   dq_diagonal = dq_rest = dkv = None
   for s in range(ring.size):
-    following = _shift(kv, ring) if s + 1 < ring.size else None
+    following = shift(kv, ring) if s + 1 < ring.size else None
     # Step s-1's dK/dV partial sums move on while this step computes.
-    arriving = _shift(dkv, ring) if s > 0 else None
+    arriving = shift(dkv, ring) if s > 0 else None
     causal, q_len, kv_len, swap = _step_masks(ring, s, index, q.shape[1], k.shape[1], q.shape[0])
     q_s, o_s, lse_s, do_s, q_seg_s = swapped if swap else natural
     dq_b, dk_b, dv_b = blocks.bwd(q_s, kv[0], kv[1], o_s, lse_s, do_s, causal=causal, q_len=q_len,
@@ -182,7 +201,7 @@ def backward(blocks, ring, q, k, v, o, lse, do, q_seg=None, kv_seg=None):
   # The sums are complete; the owner is one hop on. Cast first: half the bytes.
   dk, dv = (x.astype(k.dtype) for x in dkv)
   if ring.size > 1:
-    dk, dv = _shift((dk, dv), ring)
+    dk, dv = shift((dk, dv), ring)
   return dq.astype(q.dtype), dk, dv
 
 

@@ -163,13 +163,11 @@ def _present(a):
   return a.size > 0
 
 
-def _policy(pass_, platform, avals_in, *, op, activation, implementation, **_):
-  """The policy table's choice, under implementation=None only (a forced
-  kernel always runs)."""
+def _policy(pass_, platform, avals_in, *, op, activation, **_):
+  """Why the policy table runs XLA here under implementation=None, or None."""
   variant = variant_name(op, activation)
   x = avals_in[0]  # the forward's x, the backward's dy
-  if (implementation is None
-      and default_implementation(variant, platform, pass_, x.dtype, x.size) == "xla"):
+  if default_implementation(variant, platform, pass_, x.dtype, x.size) == "xla":
     return (f"the implementation=None policy runs XLA for {variant} {pass_} on {platform} "
             f"({jnp.dtype(x.dtype).name}, {x.size} elements)")
   return None
@@ -197,7 +195,7 @@ def _fwd_kernel_reference(x, bias, *, op, activation, gated, implementation):
 _fwd_kernel_p = _primitive.kernel_primitive(
     "jaxcraft_activation_fwd_kernel", target=_ffi.ACTIVATION_FWD,
     abstract_eval=_fwd_kernel_abstract, reference=_fwd_kernel_reference,
-    ffi_attrs=_kernel_attrs, unsupported=functools.partial(_policy, "fwd"))
+    ffi_attrs=_kernel_attrs, policy=functools.partial(_policy, "fwd"))
 
 
 def _bwd_kernel_abstract(dy, x, bias, *, op, activation, gated, num_partials, implementation):
@@ -224,7 +222,7 @@ def _bwd_kernel_reference(dy, x, bias, *, op, activation, gated, num_partials, i
 _bwd_kernel_p = _primitive.kernel_primitive(
     "jaxcraft_activation_bwd_kernel", target=_ffi.ACTIVATION_BWD,
     abstract_eval=_bwd_kernel_abstract, reference=_bwd_kernel_reference,
-    ffi_attrs=_kernel_attrs, unsupported=functools.partial(_policy, "bwd"))
+    ffi_attrs=_kernel_attrs, policy=functools.partial(_policy, "bwd"))
 
 
 # Rows per partial sum of dbias: the partials are written and read once more
@@ -247,7 +245,7 @@ def _num_partials(groups: int, rows: int) -> int:
 
 # ------------------------------------------------- partitioned primitives
 @dataclasses.dataclass(frozen=True)
-class _Cfg:
+class _Config:
   """Static params: the op (the policy table's key) and its activation."""
   op: str
   activation: int
@@ -280,7 +278,7 @@ def _sharded(a) -> bool:
   return any(s is not None for s in spec)
 
 
-def _rows2d(cfg: _Cfg, a):
+def _rows2d(cfg: _Config, a):
   """a as the kernels' [rows, cols]."""
   if cfg.op == "gelu" and not _sharded(a):
     cols = math.gcd(a.size, _FLAT_COLS)
@@ -291,11 +289,11 @@ def _rows2d(cfg: _Cfg, a):
   return a.reshape(-1, a.shape[-1])
 
 
-def _out_shape(cfg: _Cfg, x_shape):
+def _out_shape(cfg: _Config, x_shape):
   return (*x_shape[:-1], x_shape[-1] // 2) if cfg.gated else tuple(x_shape)
 
 
-def _fwd_local(cfg: _Cfg, x, *bias):
+def _fwd_local(cfg: _Config, x, *bias):
   """The forward on one device's shard: operands x, bias? (no defaults:
   custom_partitioning would pass them as operands)."""
   (y,) = _fwd_kernel_p.bind(_rows2d(cfg, x), *(bias or [_empty()]), **cfg.kernel_params())
@@ -332,7 +330,7 @@ def _flatten_axes(axes):
   return tuple(out)
 
 
-def _make_fwd_partitioned(shapes, *, cfg: _Cfg):
+def _make_fwd_partitioned(shapes, *, cfg: _Config):
   ndim = len(shapes[0])
   lead = _lead_factors(ndim)
   if cfg.gated:
@@ -370,7 +368,7 @@ _fwd_p = _primitive.partitioned_primitive(
     make_partitioned=_make_fwd_partitioned)
 
 
-def _bwd_local(cfg: _Cfg, keep: int, dy, x, *bias):
+def _bwd_local(cfg: _Config, keep: int, dy, x, *bias):
   """dx, and with a bias its gradient summed over all row axes but the first
   `keep` (vmapped axes: per-example gradients)."""
   bias = bias[0] if bias else None
@@ -402,7 +400,7 @@ def _bwd_abstract(dy, x, *rest, cfg, keep):
   return [dx, dbias]
 
 
-def _make_bwd_partitioned(shapes, *, cfg: _Cfg, keep: int):
+def _make_bwd_partitioned(shapes, *, cfg: _Config, keep: int):
   ndim = len(shapes[1])
   lead = _lead_factors(ndim)
   if cfg.gated:
@@ -455,17 +453,17 @@ _bwd_p = _primitive.partitioned_primitive(
 
 # ----------------------------------------------------------------- autodiff
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _activation(x, bias, cfg: _Cfg):
+def _activation(x, bias, cfg: _Config):
   return _activation_fwd(x, bias, cfg)[0]
 
 
-def _activation_fwd(x, bias, cfg: _Cfg):
+def _activation_fwd(x, bias, cfg: _Config):
   (y,) = _fwd_p.bind(x, *([] if bias is None else [bias]), cfg=cfg)
   # The backward recomputes f(x) from x: nothing but the inputs is saved.
   return y, (x, bias)
 
 
-def _activation_bwd(cfg: _Cfg, saved, dy):
+def _activation_bwd(cfg: _Config, saved, dy):
   x, bias = saved
   outs = _bwd_p.bind(dy, x, *([] if bias is None else [bias]), cfg=cfg, keep=0)
   dbias = None if bias is None else _primitive.sum_to_match(outs[1], bias)
@@ -504,7 +502,7 @@ def _gelu_code(approximate):
 def _apply(op, code, x, bias, implementation, reference):
   if implementation == "xla" or x.size == 0:
     return reference()
-  cfg = _Cfg(op=op, activation=code, implementation=implementation)
+  cfg = _Config(op=op, activation=code, implementation=implementation)
   # The kernels take the bias in float32; the cast sits outside the
   # custom_vjp so its transpose restores the caller's dtype.
   return _activation(x, None if bias is None else bias.astype(F32), cfg)

@@ -107,7 +107,7 @@ class _Config:
                                         **self._reference_args(x, (B, N, T, k.shape[1])))
 
 
-def _cuda_unsupported(dtype, head_dim) -> str | None:
+def cuda_unsupported(dtype, head_dim) -> str | None:
   if np.dtype(dtype) == np.float32:
     return "the CUDA attention kernel takes bfloat16 or float16 (float32 inputs use the reference)"
   if head_dim > _CUDA_MAX_HEAD_DIM or head_dim % _CUDA_HEAD_DIM_MULTIPLE:
@@ -118,7 +118,7 @@ def _cuda_unsupported(dtype, head_dim) -> str | None:
 
 def _unsupported(platform, avals_in, *, cfg):
   q = avals_in[0]
-  return _cuda_unsupported(q.dtype, q.shape[-1]) if platform == "cuda" else None
+  return cuda_unsupported(q.dtype, q.shape[-1]) if platform == "cuda" else None
 
 
 # ------------------------------------------------------- kernel primitives
@@ -289,6 +289,14 @@ def _ring_blocks(cfg):
     return tuple(_bwd_p.bind(q, k, v, o, lse, do, *given(q_len, kv_len), cfg=c))
 
   return _ring.Blocks(fwd, bwd)
+
+
+def ring_blocks(scale, implementation, deterministic):
+  """The kernel block ops of ring attention (ring_attention.py), unmasked
+  but for each step's causal flag and lengths."""
+  return _ring_blocks(_Config(scale=scale, causal=False, offset=0, window_left=_UNBOUNDED,
+                              window_right=_UNBOUNDED, implementation=implementation,
+                              deterministic=deterministic))
 
 
 def _ring_fwd_local(cfg, ring, reorder, q, k, v):
@@ -506,7 +514,7 @@ def _check_lengths(name, lengths, batch):
   return lengths
 
 
-def _check_qkv(query, key, value):
+def check_qkv(query, key, value):
   q, k, v = (_checks.as_array(n, a) for n, a in (("query", query), ("key", key), ("value", value)))
   if q.ndim not in (3, 4) or k.ndim != q.ndim or v.ndim != q.ndim:
     raise ValueError("query, key and value must all be 4-D [B, T|S, N|K, H] (or 3-D, unbatched); "
@@ -711,7 +719,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
                               is_causal=is_causal, query_seq_lengths=query_seq_lengths,
                               key_value_seq_lengths=key_value_seq_lengths,
                               local_window_size=local_window_size, return_residual=return_residual)
-  q, k, v = _check_qkv(query, key, value)
+  q, k, v = check_qkv(query, key, value)
   implementation = _checks.float_implementation("query", q, implementation)
   unbatched = q.ndim == 3
   if unbatched:
@@ -739,7 +747,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
   dropout_rate, optional["dropout_key"] = _check_dropout(dropout_rate, dropout_rng)
   precision = _checks.precision(precision)
   offset = S - T if causal_alignment == "bottom_right" else 0
-  if implementation == "cuda" and (why := _cuda_unsupported(q.dtype, H)):
+  if implementation == "cuda" and (why := cuda_unsupported(q.dtype, H)):
     raise ValueError(f"implementation='cuda': {why}")
 
   present = tuple(n for n in _OPTIONAL if optional[n] is not None)

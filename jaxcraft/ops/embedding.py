@@ -62,10 +62,9 @@ def default_implementation(platform: str, pass_: str = "fwd") -> str:
   return DEFAULT_IMPLEMENTATION.get(platform, ("xla", "xla"))[PASSES.index(pass_)]
 
 
-def _policy(pass_, platform, avals_in, *, implementation, **_):
-  """The policy table's choice, under implementation=None only (a forced
-  kernel always runs)."""
-  if implementation is None and default_implementation(platform, pass_) == "xla":
+def _policy(pass_, platform, avals_in, **_):
+  """Why the policy table runs XLA here under implementation=None, or None."""
+  if default_implementation(platform, pass_) == "xla":
     return f"the implementation=None policy runs XLA for the embedding {pass_} on {platform}"
   return None
 
@@ -137,7 +136,7 @@ _fwd_kernel_p = _primitive.kernel_primitive(
     abstract_eval=_fwd_kernel_abstract, reference=_fwd_kernel_reference,
     ffi_attrs=lambda *, mode, fill_value, implementation: dict(
         mode=np.int32(MODES[mode]), fill_value=np.float32(fill_value)),
-    unsupported=functools.partial(_policy, "fwd"))
+    policy=functools.partial(_policy, "fwd"))
 
 
 def _scratch_shape(dout, sorted_rows):
@@ -171,12 +170,12 @@ _bwd_kernel_p = _primitive.kernel_primitive(
     "jaxcraft_embedding_bwd_kernel", target=_ffi.EMBEDDING_BWD,
     abstract_eval=_bwd_kernel_abstract, reference=_bwd_kernel_reference,
     ffi_attrs=lambda *, mode, rows, implementation: dict(mode=np.int32(MODES[mode])),
-    unsupported=functools.partial(_policy, "bwd"))
+    policy=functools.partial(_policy, "bwd"))
 
 
 # ------------------------------------------------- partitioned primitives
 @dataclasses.dataclass(frozen=True)
-class _Cfg:
+class _Config:
   """Static params of a lookup (forward and backward)."""
   mode: str            # "fill", "clip" or "wrap"
   fill_value: float    # already rounded to the table's dtype
@@ -185,7 +184,7 @@ class _Cfg:
   implementation: str | None
 
 
-def _fwd_local(cfg: _Cfg, table, ids):
+def _fwd_local(cfg: _Config, table, ids):
   (out,) = _fwd_kernel_p.bind(table, ids.reshape(-1), mode=cfg.mode, fill_value=cfg.fill_value,
                               implementation=cfg.implementation)
   return [out.reshape(*ids.shape, table.shape[1])]
@@ -208,7 +207,7 @@ mlir.register_lowering(_sort_rows_p, mlir.lower_fun(
     lambda ids, **kw: list(_sort_rows(ids, **kw)), multiple_results=True))
 
 
-def _bwd_local(cfg: _Cfg, dout, ids):
+def _bwd_local(cfg: _Config, dout, ids):
   ids = ids.reshape(-1)
   if cfg.deterministic:
     sorted_rows, order = _sort_rows_p.bind(ids, rows=cfg.rows, mode=cfg.mode)
@@ -244,7 +243,7 @@ def _dim_spec(spec_entry, id_entries):
   return spec_entry
 
 
-def _make_fwd_partitioned(shapes, *, cfg: _Cfg):
+def _make_fwd_partitioned(shapes, *, cfg: _Config):
   ndim = len(shapes[1])
   ids = _id_factors(ndim)
 
@@ -259,7 +258,7 @@ def _make_fwd_partitioned(shapes, *, cfg: _Cfg):
       choose_shardings=choose, need_replication_factors=("v",))
 
 
-def _make_bwd_partitioned(shapes, *, cfg: _Cfg):
+def _make_bwd_partitioned(shapes, *, cfg: _Config):
   ndim = len(shapes[1])
   ids = _id_factors(ndim)
 
@@ -284,7 +283,7 @@ def _bwd_abstract(dout, ids, *, cfg):
                   (None, _primitive.row_spec(dout, dout.ndim)[-1]))]
 
 
-def _folded_rows(ids, batch, cfg: _Cfg):
+def _folded_rows(ids, batch, cfg: _Config):
   """Ids [batch, ...] into a [batch * V, D] table of `batch` stacked tables:
   example b's id reads row b * V + r; ids that read no row read none there."""
   keys = table_rows(ids, cfg.rows, cfg.mode)
@@ -292,7 +291,7 @@ def _folded_rows(ids, batch, cfg: _Cfg):
   return jnp.where(keys == cfg.rows, batch * cfg.rows, keys + offsets)
 
 
-def _can_fold(batch, cfg: _Cfg) -> bool:
+def _can_fold(batch, cfg: _Config) -> bool:
   return batch * cfg.rows + 1 < _INT32_MAX
 
 
@@ -333,11 +332,11 @@ _bwd_p = _primitive.partitioned_primitive(
 
 # ----------------------------------------------------------------- autodiff
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _lookup(table, ids, cfg: _Cfg):
+def _lookup(table, ids, cfg: _Config):
   return _fwd_p.bind(table, ids, cfg=cfg)[0]
 
 
-def _lookup_fwd(table, ids, cfg: _Cfg):
+def _lookup_fwd(table, ids, cfg: _Config):
   # An empty slice of the table carries its manual-axis variance (shard_map)
   # to the backward at no cost: the gradient is summed where the table is shared.
   return _lookup(table, ids, cfg), (ids, table[:0, :0])
@@ -353,7 +352,7 @@ def _as_typed_like(grad, like):
   return jax.sharding.reshard(grad, want)
 
 
-def _lookup_bwd(cfg: _Cfg, saved, dout):
+def _lookup_bwd(cfg: _Config, saved, dout):
   ids, table_like = saved
   (dtable,) = _bwd_p.bind(dout, ids, cfg=cfg)
   return _as_typed_like(_primitive.sum_to_match(dtable, table_like), table_like), None
@@ -472,7 +471,7 @@ def embedding_lookup(table, ids, *, mode=None, fill_value=None, deterministic=Fa
     return jnp.zeros((*ids.shape, dim), table.dtype)
   if implementation == "xla" or dim == 0:
     return embedding_lookup_reference(table, ids, mode=mode, fill_value=fill_value)
-  cfg = _Cfg(mode=mode, fill_value=fill, rows=rows, deterministic=deterministic,
+  cfg = _Config(mode=mode, fill_value=fill, rows=rows, deterministic=deterministic,
              implementation=implementation)
   if ids.ndim == 0:
     return _lookup(table, ids[None], cfg)[0]

@@ -116,9 +116,9 @@ def default_implementation(platform: str) -> str:
   return DEFAULT_IMPLEMENTATION.get(platform, "xla")
 
 
-def _policy(platform, avals_in, *, implementation, **_):
-  """Why implementation=None runs the reference here, or None (run the kernel)."""
-  if implementation is None and default_implementation(platform) == "xla":
+def _policy(platform, avals_in, **_):
+  """Why the policy table runs XLA here under implementation=None, or None."""
+  if default_implementation(platform) == "xla":
     return f"the implementation=None policy runs XLA's norm on {platform}"
   return None
 
@@ -127,7 +127,7 @@ _fwd_kernel_p = _primitive.kernel_primitive(
     "jaxcraft_norm_fwd_kernel", target=_ffi.NORM_FWD,
     abstract_eval=_fwd_kernel_abstract, reference=_fwd_kernel_reference,
     ffi_attrs=lambda *, rms, epsilon, implementation: dict(rms=rms, epsilon=np.float32(epsilon)),
-    unsupported=_policy)
+    policy=_policy)
 
 
 def _bwd_kernel_abstract(dy, h, scale, mean, rstd, dh_extra, *, rms, num_partials,
@@ -160,7 +160,7 @@ def _bwd_kernel_reference(dy, h, scale, mean, rstd, dh_extra, *, rms, num_partia
 _bwd_kernel_p = _primitive.kernel_primitive(
     "jaxcraft_norm_bwd_kernel", target=_ffi.NORM_BWD,
     abstract_eval=_bwd_kernel_abstract, reference=_bwd_kernel_reference,
-    ffi_attrs=lambda *, rms, implementation, **_: dict(rms=rms), unsupported=_policy)
+    ffi_attrs=lambda *, rms, implementation, **_: dict(rms=rms), policy=_policy)
 
 # Rows per partial sum of dscale/dbias: the partial rows are written and read
 # once more, 16 bytes per column each, so 32+ rows per partial keeps that
@@ -175,7 +175,7 @@ def _num_partials(rows: int) -> int:
 
 # ------------------------------------------------- partitioned primitives
 @dataclasses.dataclass(frozen=True)
-class _Fwd:
+class _FwdConfig:
   """Static params of the forward: which optional operands are present."""
   rms: bool
   epsilon: float
@@ -185,7 +185,7 @@ class _Fwd:
   implementation: str | None
 
 
-def _fwd_local(cfg: _Fwd, x, *rest):
+def _fwd_local(cfg: _FwdConfig, x, *rest):
   """The forward on one device's rows: operands in order x, residual?, scale?, bias?."""
   rest = list(rest)
   take = lambda present, dtype=F32: rest.pop(0) if present else _empty(dtype)
@@ -229,7 +229,7 @@ def _flatten_axes(axes):
   return tuple(out)
 
 
-def _make_fwd_partitioned(shapes, *, cfg: _Fwd):
+def _make_fwd_partitioned(shapes, *, cfg: _FwdConfig):
   ndim = len(shapes[0])
   lead = _lead_factors(ndim)
   operands = [f"{lead} c"] + [f"{lead} c"] * cfg.has_residual + ["c"] * (cfg.has_scale + cfg.has_bias)
@@ -265,7 +265,7 @@ _fwd_p = _primitive.partitioned_primitive(
 
 
 @dataclasses.dataclass(frozen=True)
-class _Bwd:
+class _BwdConfig:
   rms: bool
   has_scale: bool
   want_dscale: bool
@@ -274,7 +274,7 @@ class _Bwd:
   implementation: str | None
 
 
-def _bwd_local(cfg: _Bwd, dy, h, *rest):
+def _bwd_local(cfg: _BwdConfig, dy, h, *rest):
   """Operands: dy, h, scale?, mean? (layer norm), rstd, dh_extra?."""
   rest = list(rest)
   take = lambda present, dtype=F32: rest.pop(0) if present else _empty(dtype)
@@ -304,7 +304,7 @@ def _bwd_abstract(dy, *rest, cfg):
   return [dh] + [param] * (cfg.want_dscale + cfg.want_dbias)
 
 
-def _make_bwd_partitioned(shapes, *, cfg: _Bwd):
+def _make_bwd_partitioned(shapes, *, cfg: _BwdConfig):
   ndim = len(shapes[0])
   lead = _lead_factors(ndim)
   operands = ([f"{lead} c"] * 2 + ["c"] * cfg.has_scale + [lead] * (1 + (not cfg.rms))
@@ -358,11 +358,11 @@ _bwd_p = _primitive.partitioned_primitive(
 
 # ----------------------------------------------------------------- autodiff
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _norm(x, residual, scale, bias, cfg: _Fwd):
+def _norm(x, residual, scale, bias, cfg: _FwdConfig):
   return _norm_fwd(x, residual, scale, bias, cfg)[0]
 
 
-def _norm_fwd(x, residual, scale, bias, cfg: _Fwd):
+def _norm_fwd(x, residual, scale, bias, cfg: _FwdConfig):
   present = [a for a in (x, residual, scale, bias) if a is not None]
   outs = _fwd_p.bind(*present, cfg=cfg)
   # Named for jax.checkpoint policies (jaxcraft.remat). The statistics alone
@@ -380,10 +380,10 @@ def _norm_fwd(x, residual, scale, bias, cfg: _Fwd):
   return primal, (h, scale, mean, rstd, bias)
 
 
-def _norm_bwd(cfg: _Fwd, saved, ct):
+def _norm_bwd(cfg: _FwdConfig, saved, ct):
   h, scale, mean, rstd, saved_bias = saved
   dy, dh_extra = ct if cfg.has_residual else (ct, None)
-  bcfg = _Bwd(rms=cfg.rms, has_scale=cfg.has_scale, want_dscale=cfg.has_scale,
+  bcfg = _BwdConfig(rms=cfg.rms, has_scale=cfg.has_scale, want_dscale=cfg.has_scale,
               want_dbias=cfg.has_bias, has_dh_extra=cfg.has_residual,
               implementation=cfg.implementation)
   operands = [a for a in (dy, h, scale, mean, rstd, dh_extra) if a is not None]
@@ -426,7 +426,7 @@ def _apply(x, scale, bias, residual, epsilon, rms, implementation, reference):
   if implementation == "xla" or x.shape[-1] == 0:
     kwargs = dict(epsilon=epsilon, residual=residual)
     return reference(x, scale, **kwargs) if rms else reference(x, scale, bias, **kwargs)
-  cfg = _Fwd(rms=rms, epsilon=epsilon, has_residual=residual is not None,
+  cfg = _FwdConfig(rms=rms, epsilon=epsilon, has_residual=residual is not None,
              has_scale=scale is not None, has_bias=bias is not None,
              implementation=implementation)
   # The kernels take parameters in float32 and h in x.dtype; the casts sit

@@ -3,7 +3,7 @@
 
 Flow: `ring_attention` (checks, zig-zag reorder, custom_vjp) -> `_ring.forward`
 / `_ring.backward` (the ring schedule) -> per block, the attention kernel
-primitives (`attention._ring_blocks`), or with segment ids (which the ring's
+primitives (`attention.ring_blocks`), or with segment ids (which the ring's
 kernel blocks do not take) the pure-JAX block ops below.
 """
 
@@ -47,7 +47,7 @@ def _reference_blocks(scale):
 
 
 @dataclasses.dataclass(frozen=True)
-class _Static:
+class _Config:
   ring: _ring.Ring
   scale: float
   implementation: str | None
@@ -57,10 +57,7 @@ class _Static:
   def blocks(self):
     if not self.kernel:
       return _reference_blocks(self.scale)
-    return attention._ring_blocks(attention._Config(
-        scale=self.scale, causal=False, offset=0, window_left=attention._UNBOUNDED,
-        window_right=attention._UNBOUNDED, implementation=self.implementation,
-        deterministic=self.deterministic))
+    return attention.ring_blocks(self.scale, self.implementation, self.deterministic)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
@@ -169,7 +166,7 @@ def ring_attention(query, key, value, *, axis_name, is_causal=False, scale=None,
       inputs the CUDA kernel does not take.
   """
   _primitive.check_implementation(implementation)
-  q, k, v = attention._check_qkv(query, key, value)
+  q, k, v = attention.check_qkv(query, key, value)
   implementation = _checks.float_implementation("query", q, implementation)
   unbatched = q.ndim == 3
   if unbatched:
@@ -192,12 +189,12 @@ def ring_attention(query, key, value, *, axis_name, is_causal=False, scale=None,
   if implementation in _primitive.KERNEL_PLATFORMS and q_seg is not None:
     raise ValueError(f"implementation={implementation!r}: the attention kernel does not support "
                      "q_segment_ids yet; use implementation=None or 'xla'")
-  if implementation == "cuda" and (why := attention._cuda_unsupported(q.dtype, H)):
+  if implementation == "cuda" and (why := attention.cuda_unsupported(q.dtype, H)):
     raise ValueError(f"implementation='cuda': {why}")
 
   ring, reorder = _ring.plan(axis_name, _axis_size(axis_name), causal=is_causal, local_len=T,
                              zigzag_input=layout == "zigzag")
-  static = _Static(ring, scale, implementation, bool(deterministic),
+  static = _Config(ring, scale, implementation, bool(deterministic),
                    kernel=q_seg is None and implementation != "xla")
   if reorder:
     q, k, v, q_seg, kv_seg = (_ring.to_zigzag(x, 1, ring) for x in (q, k, v, q_seg, kv_seg))

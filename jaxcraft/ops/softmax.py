@@ -105,13 +105,11 @@ def softmax_reference(x, axis=-1, where=None):
 
 # ------------------------------------------------------- kernel primitives
 # 2-D operands: x [rows, cols]; mask [0] (none), [1, cols] or [rows, cols] bool.
-def _policy(pass_, platform, avals_in, *, implementation):
-  """The policy table's choice, under implementation=None only (a forced
-  kernel always runs)."""
+def _policy(pass_, platform, avals_in, **_):
+  """Why the policy table runs XLA here under implementation=None, or None."""
   x = avals_in[0]  # [rows, cols] here
   row_bytes = x.shape[1] * x.dtype.itemsize
-  if (implementation is None
-      and default_implementation(platform, pass_, row_bytes, dtype=x.dtype) == "xla"):
+  if default_implementation(platform, pass_, row_bytes, dtype=x.dtype) == "xla":
     return f"the implementation=None policy runs XLA for softmax {pass_} on {platform}"
   return None
 
@@ -127,7 +125,7 @@ def _fwd_kernel_reference(x, mask, *, implementation):
 _fwd_kernel_p = _primitive.kernel_primitive(
     "jaxcraft_softmax_fwd_kernel", target=_ffi.SOFTMAX_FWD,
     abstract_eval=_fwd_kernel_abstract, reference=_fwd_kernel_reference,
-    ffi_attrs=lambda **_: {}, unsupported=functools.partial(_policy, "fwd"))
+    ffi_attrs=lambda **_: {}, policy=functools.partial(_policy, "fwd"))
 
 
 def _bwd_kernel_abstract(y, dy, *, implementation):
@@ -142,12 +140,12 @@ def _bwd_kernel_reference(y, dy, *, implementation):
 _bwd_kernel_p = _primitive.kernel_primitive(
     "jaxcraft_softmax_bwd_kernel", target=_ffi.SOFTMAX_BWD,
     abstract_eval=_bwd_kernel_abstract, reference=_bwd_kernel_reference,
-    ffi_attrs=lambda **_: {}, unsupported=functools.partial(_policy, "bwd"))
+    ffi_attrs=lambda **_: {}, policy=functools.partial(_policy, "bwd"))
 
 
 # ------------------------------------------------- partitioned primitives
 @dataclasses.dataclass(frozen=True)
-class _Cfg:
+class _Config:
   """Static params: how the mask travels, and the implementation asked for."""
   mask: str
   implementation: str | None
@@ -157,7 +155,7 @@ def _rows2d(a):
   return a.reshape(-1, a.shape[-1])
 
 
-def _fwd_local(cfg: _Cfg, x, *mask):
+def _fwd_local(cfg: _Config, x, *mask):
   """The forward on one device's rows: operands x [..., C] and, with a
   mask, mask [..., C] (FULL_MASK) or [C] (SHARED_MASK)."""
   if cfg.mask == NO_MASK:
@@ -185,7 +183,7 @@ def _row_spec(spec, ndim):
   return P(*(lead + (None,) * (ndim - 1 - len(lead))), None)
 
 
-def _make_fwd_partitioned(shapes, *, cfg: _Cfg):
+def _make_fwd_partitioned(shapes, *, cfg: _Config):
   ndim = len(shapes[0])
   lead = _lead_factors(ndim)
   mask_operand = {NO_MASK: "", FULL_MASK: f", {lead} c", SHARED_MASK: ", c"}[cfg.mask]
@@ -221,7 +219,7 @@ _fwd_p = _primitive.partitioned_primitive(
     make_partitioned=_make_fwd_partitioned)
 
 
-def _bwd_local(cfg: _Cfg, y, dy):
+def _bwd_local(cfg: _Config, y, dy):
   (dx,) = _bwd_kernel_p.bind(_rows2d(y), _rows2d(dy), implementation=cfg.implementation)
   return [dx.reshape(y.shape)]
 
@@ -231,7 +229,7 @@ def _bwd_abstract(y, dy, *, cfg):
   return [_primitive.result_aval(y, y.shape, y.dtype, _primitive.row_spec(y, y.ndim))]
 
 
-def _make_bwd_partitioned(shapes, *, cfg: _Cfg):
+def _make_bwd_partitioned(shapes, *, cfg: _Config):
   ndim = len(shapes[0])
   lead = _lead_factors(ndim)
 
@@ -257,17 +255,17 @@ _bwd_p = _primitive.partitioned_primitive(
 
 # ----------------------------------------------------------------- autodiff
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _softmax(x, mask, cfg: _Cfg):
+def _softmax(x, mask, cfg: _Config):
   return _softmax_fwd(x, mask, cfg)[0]
 
 
-def _softmax_fwd(x, mask, cfg: _Cfg):
+def _softmax_fwd(x, mask, cfg: _Config):
   (y,) = _fwd_p.bind(x, *([] if mask is None else [mask]), cfg=cfg)
   # The backward needs y alone (masked-out elements have y = 0, so dx = 0).
   return y, y
 
 
-def _softmax_bwd(cfg: _Cfg, y, dy):
+def _softmax_bwd(cfg: _Config, y, dy):
   (dx,) = _bwd_p.bind(y, dy, cfg=cfg)
   return dx, None
 
@@ -382,7 +380,7 @@ def softmax(x, axis=-1, where=None, *, implementation=None):
     else:
       kind = FULL_MASK
       mask = to_rows(jnp.broadcast_to(w, x.shape))
-  cfg = _Cfg(mask=kind, implementation=implementation)
+  cfg = _Config(mask=kind, implementation=implementation)
   y = _softmax(to_rows(x), mask, cfg)
   y = y.reshape(*rest_shape, *(x.shape[a] for a in axes))
   return jnp.transpose(y, np.argsort(perm)) if moved else y
