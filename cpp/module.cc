@@ -19,29 +19,11 @@ nb::capsule capsule(Fn* fn) {
 NB_MODULE(_jaxcraft, m) {
   m.def("registrations", []() {
     nb::dict cpu, cuda;
-    cpu["jaxcraft_norm_fwd"] = capsule(jaxcraft_norm_fwd_cpu);
-    cpu["jaxcraft_norm_bwd"] = capsule(jaxcraft_norm_bwd_cpu);
-    cpu["jaxcraft_attention_fwd_v3"] = capsule(jaxcraft_attention_fwd_v3_cpu);
-    cpu["jaxcraft_attention_bwd_v2"] = capsule(jaxcraft_attention_bwd_v2_cpu);
-    cpu["jaxcraft_decode_attention_fwd"] = capsule(jaxcraft_decode_attention_fwd_cpu);
-    cpu["jaxcraft_activation_fwd"] = capsule(jaxcraft_activation_fwd_cpu);
-    cpu["jaxcraft_activation_bwd"] = capsule(jaxcraft_activation_bwd_cpu);
-    cpu["jaxcraft_embedding_fwd"] = capsule(jaxcraft_embedding_fwd_cpu);
-    cpu["jaxcraft_embedding_bwd"] = capsule(jaxcraft_embedding_bwd_cpu);
-    cpu["jaxcraft_softmax_fwd"] = capsule(jaxcraft_softmax_fwd_cpu);
-    cpu["jaxcraft_softmax_bwd"] = capsule(jaxcraft_softmax_bwd_cpu);
+#define JAXCRAFT_REGISTER_CPU(name) cpu["jaxcraft_" #name] = capsule(jaxcraft_##name##_cpu);
+    JAXCRAFT_FFI_TARGETS(JAXCRAFT_REGISTER_CPU)
 #ifdef JAXCRAFT_WITH_CUDA
-    cuda["jaxcraft_norm_fwd"] = capsule(jaxcraft_norm_fwd_cuda);
-    cuda["jaxcraft_norm_bwd"] = capsule(jaxcraft_norm_bwd_cuda);
-    cuda["jaxcraft_attention_fwd_v3"] = capsule(jaxcraft_attention_fwd_v3_cuda);
-    cuda["jaxcraft_attention_bwd_v2"] = capsule(jaxcraft_attention_bwd_v2_cuda);
-    cuda["jaxcraft_decode_attention_fwd"] = capsule(jaxcraft_decode_attention_fwd_cuda);
-    cuda["jaxcraft_activation_fwd"] = capsule(jaxcraft_activation_fwd_cuda);
-    cuda["jaxcraft_activation_bwd"] = capsule(jaxcraft_activation_bwd_cuda);
-    cuda["jaxcraft_embedding_fwd"] = capsule(jaxcraft_embedding_fwd_cuda);
-    cuda["jaxcraft_embedding_bwd"] = capsule(jaxcraft_embedding_bwd_cuda);
-    cuda["jaxcraft_softmax_fwd"] = capsule(jaxcraft_softmax_fwd_cuda);
-    cuda["jaxcraft_softmax_bwd"] = capsule(jaxcraft_softmax_bwd_cuda);
+#define JAXCRAFT_REGISTER_CUDA(name) cuda["jaxcraft_" #name] = capsule(jaxcraft_##name##_cuda);
+    JAXCRAFT_FFI_TARGETS(JAXCRAFT_REGISTER_CUDA)
 #endif
     nb::dict out;
     out["cpu"] = cpu;

@@ -14,6 +14,16 @@ def test_cpu_kernels_built():
   assert _ffi.has_kernels("cpu")
 
 
+def test_python_targets_are_the_extensions():
+  """_ffi's target names (Python) against the extension's registrations
+  (cpp/ffi/handlers.h), on every platform it was built for."""
+  registrations = _ffi._extension().registrations()
+  assert registrations["cpu"]
+  for targets in registrations.values():
+    if targets:
+      assert sorted(targets) == sorted(_ffi.TARGETS)
+
+
 @pytest.mark.gpu
 def test_cuda_kernels_built():
   assert _ffi.has_kernels("cuda")
