@@ -252,14 +252,14 @@ bool launch_fwd_rows_masked(const SoftmaxFwdParams& p, cudaStream_t stream, cuda
   return launch_rows<kGroup, kSplit, softmax::softmax_fwd_rows_kernel<T, kGroup, kVecs, kMasked, kSplit>>(
       fwd_stage_bytes<T>(block_threads<kGroup>(), kVecs, kMasked), p, stream, err);
 }
-// The fewest vectors of an unmasked row that launch_fwd_warp takes (and
-// the most: 4096); pick_fwd_config's one-block configurations past it are
-// never run unmasked, so they are not compiled so.
+// Unmasked rows of kFwdWarpMinVectors<T> to 4096 vectors take the warp
+// kernels (launch_fwd_warp). A one-block rows configuration gets rows of more
+// than half its capacity (pick_fwd_config), so one whose rows all fall in
+// that range is compiled with a mask only.
 template <typename T>
 constexpr int64_t kFwdWarpMinVectors = sizeof(T) == sizeof(float) ? 513 : 129;
 template <typename T, int kGroup, int kVecs, int kSplit>
 bool launch_fwd_rows(const SoftmaxFwdParams& p, cudaStream_t stream, cudaError_t* err) {
-  // pick_fwd_config's one-block configurations hold more than half their capacity.
   constexpr bool kWarpKernelRows = kSplit == 1 && kGroup * kVecs / 2 + 1 >= kFwdWarpMinVectors<T>;
   if (p.mask) return launch_fwd_rows_masked<T, kGroup, kVecs, kSplit, true>(p, stream, err);
   if constexpr (kWarpKernelRows) return false;
