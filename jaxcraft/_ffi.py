@@ -3,33 +3,13 @@
 from __future__ import annotations
 
 import functools
+import re
 import warnings
 
 import jax
 
 # XLA's platform names (as the extension reports them) -> JAX lowering names.
 _LOWERING_PLATFORM = {"cpu": "cpu", "CUDA": "cuda"}
-
-# The FFI targets cpp/module.cc registers, on every platform it builds for.
-# Names are an ABI: exported artifacts refer to them, so a changed signature
-# gets a new name (docs/design.md).
-NORM_FWD = "jaxcraft_norm_fwd"
-NORM_BWD = "jaxcraft_norm_bwd"
-ATTENTION_FWD = "jaxcraft_attention_fwd_v3"
-ATTENTION_BWD = "jaxcraft_attention_bwd_v2"
-DECODE_ATTENTION_FWD = "jaxcraft_decode_attention_fwd"
-ACTIVATION_FWD = "jaxcraft_activation_fwd"
-ACTIVATION_BWD = "jaxcraft_activation_bwd"
-EMBEDDING_FWD = "jaxcraft_embedding_fwd"
-EMBEDDING_BWD = "jaxcraft_embedding_bwd"
-SOFTMAX_FWD = "jaxcraft_softmax_fwd"
-SOFTMAX_BWD = "jaxcraft_softmax_bwd"
-TARGETS = (NORM_FWD, NORM_BWD, ATTENTION_FWD, ATTENTION_BWD, DECODE_ATTENTION_FWD)
-TARGETS += (ACTIVATION_FWD, ACTIVATION_BWD, EMBEDDING_FWD, EMBEDDING_BWD, SOFTMAX_FWD, SOFTMAX_BWD)
-
-# jax.export refuses custom calls it does not know to be stable; ours are,
-# as long as jaxcraft (which registers them) is installed where the artifact runs.
-EXPORT_DISABLED_CHECKS = tuple(jax.export.DisabledSafetyCheck.custom_call(t) for t in TARGETS)
 
 
 @functools.cache
@@ -39,6 +19,40 @@ def _extension():
   except ImportError:
     return None
   return _jaxcraft
+
+
+def _target(role: str) -> str:
+  """The FFI target the extension registers for `role` ("<op>_<fwd|bwd>"):
+  "jaxcraft_<role>", with the "_vN" suffix of its current signature where it
+  has one (cpp/ffi/handlers.h declares the names; they are an ABI, so a
+  changed signature gets a new N; the newest is taken). Without the
+  extension no kernel lowers, and the unversioned name stands in."""
+  ext = _extension()
+  names = set().union(*ext.registrations().values()) if ext is not None else set()
+  versions = {}
+  for name in names:
+    if m := re.fullmatch(rf"jaxcraft_{role}(?:_v(\d+))?", name):
+      versions[int(m.group(1) or 0)] = name
+  return versions[max(versions)] if versions else f"jaxcraft_{role}"
+
+
+NORM_FWD = _target("norm_fwd")
+NORM_BWD = _target("norm_bwd")
+ATTENTION_FWD = _target("attention_fwd")
+ATTENTION_BWD = _target("attention_bwd")
+DECODE_ATTENTION_FWD = _target("decode_attention_fwd")
+ACTIVATION_FWD = _target("activation_fwd")
+ACTIVATION_BWD = _target("activation_bwd")
+EMBEDDING_FWD = _target("embedding_fwd")
+EMBEDDING_BWD = _target("embedding_bwd")
+SOFTMAX_FWD = _target("softmax_fwd")
+SOFTMAX_BWD = _target("softmax_bwd")
+TARGETS = (NORM_FWD, NORM_BWD, ATTENTION_FWD, ATTENTION_BWD, DECODE_ATTENTION_FWD)
+TARGETS += (ACTIVATION_FWD, ACTIVATION_BWD, EMBEDDING_FWD, EMBEDDING_BWD, SOFTMAX_FWD, SOFTMAX_BWD)
+
+# jax.export refuses custom calls it does not know to be stable; ours are,
+# as long as jaxcraft (which registers them) is installed where the artifact runs.
+EXPORT_DISABLED_CHECKS = tuple(jax.export.DisabledSafetyCheck.custom_call(t) for t in TARGETS)
 
 
 @functools.cache

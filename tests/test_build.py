@@ -15,8 +15,9 @@ def test_cpu_kernels_built():
 
 
 def test_python_targets_are_the_extensions():
-  """_ffi's target names (Python) against the extension's registrations
-  (cpp/ffi/handlers.h), on every platform it was built for."""
+  """Every target the extension registers (cpp/ffi/handlers.h) has its
+  role in _ffi, on every platform it was built for, and the versioned ABI
+  names come from the extension."""
   registrations = _ffi._extension().registrations()
   assert registrations["cpu"]
   for targets in registrations.values():
