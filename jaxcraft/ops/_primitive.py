@@ -51,7 +51,9 @@ def policy_choice(entry, dtype):
   return entry[jnp.dtype(dtype).name] if isinstance(entry, dict) else entry
 
 
-def _new_primitive(name: str, abstract_eval: Callable) -> Primitive:
+def new_primitive(name: str, abstract_eval: Callable) -> Primitive:
+  """A primitive with several results, dispatched by compiling its lowering;
+  the caller registers the lowerings."""
   prim = Primitive(name)
   prim.multiple_results = True
   prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
@@ -74,7 +76,7 @@ def kernel_primitive(name: str, *, target: str, abstract_eval: Callable,
   raised). `policy`: under implementation=None only, the reference is faster
   here.
   """
-  prim = _new_primitive(name, abstract_eval)
+  prim = new_primitive(name, abstract_eval)
 
   def reference_lowering(ctx, *args, **params):
     return mlir.lower_fun(functools.partial(reference, **params),
@@ -117,7 +119,7 @@ def partitioned_primitive(name: str, *, abstract_eval: Callable,
   (built by `partitioned_call`) given the operands' shapes; it is called once
   per (shapes, params).
   """
-  prim = _new_primitive(name, abstract_eval)
+  prim = new_primitive(name, abstract_eval)
   batching.primitive_batchers[prim] = batching_rule
   cached = functools.cache(make_partitioned)
 

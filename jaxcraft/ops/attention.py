@@ -156,11 +156,13 @@ def _fwd_kernel_abstract(q, k, v, *optional, cfg):
           _primitive.result_aval(q, (1,), U32))
 
 
+def _fwd_kernel_reference(q, k, v, *optional, cfg):
+  return *cfg.reference(q, k, v, _kernel_dict(optional)), jnp.zeros((1,), U32)
+
+
 _fwd_kernel_p = _primitive.kernel_primitive(
     "jaxcraft_attention_fwd_kernel", target=_ffi.ATTENTION_FWD,
-    abstract_eval=_fwd_kernel_abstract,
-    reference=lambda q, k, v, *opt, cfg: (*cfg.reference(q, k, v, _kernel_dict(opt)),
-                                          jnp.zeros((1,), U32)),
+    abstract_eval=_fwd_kernel_abstract, reference=_fwd_kernel_reference,
     ffi_attrs=lambda *, cfg: cfg.ffi_attrs(),
     unsupported=_unsupported)
 

@@ -1,7 +1,7 @@
 """Decode attention: split-K flash decoding over contiguous and paged KV caches.
 
-Flow: `decode_attention` (checks, defaults, no-gradient rule) -> `_decode_p`
-(partitioned primitive: batching, sharding) -> `_kernel_p` (FFI target
+Flow: `decode_attention` (checks, defaults, no-gradient rule) -> `_fwd_p`
+(partitioned primitive: batching, sharding) -> `_fwd_kernel_p` (FFI target
 `_ffi.DECODE_ATTENTION_FWD`, cpp/ffi/decode_attention.cc). The pure-JAX
 reference lives in decode_attention_reference.py; the semantics (positions,
 masks, clamped lengths, bad pages) are spelled out in
@@ -103,7 +103,7 @@ def _unsupported(platform, avals_in, *, cfg):
 
 
 # -------------------------------------------------------- kernel primitive
-def _kernel_abstract(q, k, v, lengths, tables, *, cfg):
+def _fwd_kernel_abstract(q, k, v, lengths, tables, *, cfg):
   B, Tq, N, H = q.shape
   splits = _max_splits(cfg, q.shape, k.shape, tables.shape)
   spec = _primitive.row_spec(q, 3)
@@ -112,23 +112,23 @@ def _kernel_abstract(q, k, v, lengths, tables, *, cfg):
           scratch((splits, B, Tq, N, H)), scratch((splits, B, Tq, N)))
 
 
-def _kernel_reference(q, k, v, lengths, tables, *, cfg):
+def _fwd_kernel_reference(q, k, v, lengths, tables, *, cfg):
   B, Tq, N, H = q.shape
   splits = _max_splits(cfg, q.shape, k.shape, tables.shape)
   return (cfg.reference(q, k, v, lengths, tables), jnp.zeros((splits, B, Tq, N, H), F32),
           jnp.zeros((splits, B, Tq, N), F32))
 
 
-_kernel_p = _primitive.kernel_primitive(
+_fwd_kernel_p = _primitive.kernel_primitive(
     "jaxcraft_decode_attention_fwd_kernel", target=_ffi.DECODE_ATTENTION_FWD,
-    abstract_eval=_kernel_abstract, reference=_kernel_reference,
+    abstract_eval=_fwd_kernel_abstract, reference=_fwd_kernel_reference,
     ffi_attrs=lambda *, cfg: cfg.ffi_attrs(), unsupported=_unsupported)
 
 
 # --------------------------------------------------- partitioned primitive
 def _local(cfg, q, k, v, lengths, *tables):
   tables = tables[0] if cfg.paged else jnp.zeros((0,), I32)
-  out, _, _ = _kernel_p.bind(q, k, v, lengths, tables, cfg=cfg)
+  out, _, _ = _fwd_kernel_p.bind(q, k, v, lengths, tables, cfg=cfg)
   return [out]
 
 
@@ -208,11 +208,11 @@ def _batch(args, dims, *, cfg):
       tables = jnp.broadcast_to(jnp.arange(B, dtype=I32)[None, :, None], (size, B, 1))
       cfg = dataclasses.replace(cfg, paged=True)
     operands = [fold(q), args[1], args[2], fold(lengths), fold(tables)]
-  (out,) = _decode_p.bind(*operands, cfg=cfg)
+  (out,) = _fwd_p.bind(*operands, cfg=cfg)
   return [out.reshape(size, B, *out.shape[1:])], [0]
 
 
-_decode_p = _primitive.partitioned_primitive(
+_fwd_p = _primitive.partitioned_primitive(
     "jaxcraft_decode_attention", abstract_eval=_abstract, batching_rule=_batch,
     make_partitioned=_make_partitioned)
 
@@ -223,7 +223,7 @@ def _decode(q, k, v, lengths, tables, cfg):
   if cfg.implementation == "xla":
     return cfg.reference(q, k, v, lengths, tables)
   operands = [q, k, v, lengths] + ([tables] if cfg.paged else [])
-  return _decode_p.bind(*operands, cfg=cfg)[0]
+  return _fwd_p.bind(*operands, cfg=cfg)[0]
 
 
 @_decode.defjvp

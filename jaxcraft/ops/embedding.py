@@ -200,7 +200,7 @@ def _sort_rows(ids, *, rows, mode):
 # The sort as a primitive of its own: lowered (to XLA's sort) only on each
 # device's ids. Traced inline, jax.lax.sort would refuse the global, sharded
 # ids that custom_partitioning traces the local function with (explicit meshes).
-_sort_rows_p = _primitive._new_primitive(
+_sort_rows_p = _primitive.new_primitive(
     "jaxcraft_embedding_sort_rows",
     lambda ids, *, rows, mode: (_result(ids, [], ids.shape, I32, _primitive.row_spec(ids, 1)),) * 2)
 mlir.register_lowering(_sort_rows_p, mlir.lower_fun(
