@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "common/device_cache.h"
 #include "common/sm90_code.h"
 
 namespace jaxcraft {
@@ -45,5 +46,17 @@ class ClusterLaunch {
   cudaLaunchAttribute attr_ = {};
   cudaLaunchConfig_t config_ = {};
 };
+
+// How many blocks of `kernel` (split == 1), or clusters of `split` of them,
+// fit on the current device at once.
+template <typename Kernel>
+cudaError_t resident_groups(Kernel* kernel, int split, int threads, size_t smem, int* out) {
+  if (split > 1) return ClusterLaunch(split, split, threads, smem, nullptr).max_active_clusters(kernel, out);
+  int per_sm = 0, sms = 0;
+  cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
+  if (err == cudaSuccess) err = multiprocessor_count(&sms);
+  *out = per_sm * sms;
+  return err;
+}
 
 }  // namespace jaxcraft

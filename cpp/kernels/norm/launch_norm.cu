@@ -126,15 +126,25 @@ bool launch_fwd_warp_for(const NormFwdParams& p, bool clusters, cudaStream_t str
   return true;
 }
 
-// One cluster (a block when kSplit == 1) per partial row of dscale/dbias.
+// One cluster (a block when kSplit == 1) per partial row of dscale/dbias, but
+// no more than fit on the device at once: the clusters walk the rows, and a
+// second wave of them would double the time (4- and 8-CTA clusters of
+// 512-thread CTAs do not all fit in one wave of the H200's GPCs).
 template <typename T, int kGroup, int kVecs, int kSplit>
 cudaError_t launch_bwd_rows(const NormBwdParams& p, cudaStream_t stream) {
+  constexpr auto kKernel = norm::norm_bwd_rows_kernel<T, kGroup, kVecs, kSplit>;
   constexpr int kThreads = block_threads<kGroup>();
   constexpr int kRowsPerBlock = kThreads / kGroup;
   constexpr size_t kFoldBytes =
       kRowsPerBlock > 1 ? sizeof(float) * kRowsPerBlock * kGroup * kVecs * Vec<T>::kN : 0;
-  return ClusterLaunch(kSplit, p.num_partials * kSplit, kThreads, kFoldBytes, stream)
-      .launch(norm::norm_bwd_rows_kernel<T, kGroup, kVecs, kSplit>, p);
+  static std::atomic<int> resident[kMaxCachedDevices];
+  int fit = 0;
+  const cudaError_t err = per_device(resident, [](int, int* v) {
+    return resident_groups(kKernel, kSplit, kThreads, kFoldBytes, v);
+  }, &fit);
+  if (err != cudaSuccess) return err;
+  const int64_t clusters = std::min<int64_t>(p.num_partials, fit);
+  return ClusterLaunch(kSplit, clusters * kSplit, kThreads, kFoldBytes, stream).launch(kKernel, p);
 }
 
 template <typename T>

@@ -30,8 +30,9 @@ struct NormFwdParams {
 // Backward of y = norm(h) * scale + bias, plus dh_extra (the cotangent of the
 // h output when a residual was fused): dh = d norm / dh + dh_extra.
 // Parameter gradients are written as `num_partials` deterministic partial
-// sums [num_partials, cols]; partial p covers rows p, p + num_partials, ...
-// The caller adds them up (a small second reduction).
+// sums [num_partials, cols] (the kernel may leave some of them zeros: it runs
+// no more row walkers than fit on the GPU at once). The caller adds them up
+// (a small second reduction).
 struct NormBwdParams {
   DType dtype = DType::kF32;
   int64_t rows = 0, cols = 0;

@@ -356,6 +356,8 @@ int main(int argc, char** argv) {
         cases.push_back({dt, R, C, false, true, true, true, true, 0});
         // More partials than rows: clusters with no rows must still write zeros.
         cases.push_back({dt, R, C, true, false, true, false, false, R == kRows[0] ? 2 * R : 0});
+        // More partials than blocks or clusters fit at once: the rows past the grid are zeros.
+        if (R == kRows[2] && C <= 16384) cases.push_back({dt, R, C, false, false, true, true, false, 1024});
       }
   bool all_ok = true;
   uint64_t seed = 1;
