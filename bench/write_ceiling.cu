@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 
-#include "common/standalone_timing.h"
+#include "common/testing/standalone_timing.h"
 
 using jaxcraft_test::mean_launch_ms;
 

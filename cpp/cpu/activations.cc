@@ -1,6 +1,6 @@
 // gelu / bias_gelu / swiglu / geglu on the CPU: per row, convert to float32
 // scratch, apply the activation in a branch-free loop over floats (which the
-// compiler vectorizes: kernels/activations/activation_math.h has a
+// compiler vectorizes: math/activation_math.h has a
 // vectorizable exp and erfc polynomial), convert back. Threaded over rows;
 // the bias gradient as per-partial float32 sums in row order.
 #include "cpu/activations.h"
@@ -8,11 +8,11 @@
 #include <algorithm>
 #include <vector>
 
-#include "common/host_float.h"
+#include "common/cpu/host_float.h"
 #include "cpu/isa_clones.h"
 #include "cpu/parallel.h"
 #include "cpu/row_convert.h"
-#include "kernels/activations/activation_math.h"
+#include "math/activation_math.h"
 
 namespace jaxcraft {
 namespace {

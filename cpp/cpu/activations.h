@@ -1,6 +1,6 @@
 #pragma once
 #include "cpu/parallel.h"
-#include "kernels/activations/params.h"
+#include "contract/activations.h"
 
 namespace jaxcraft {
 

@@ -5,7 +5,7 @@
 // and output accumulator in fp32 (online softmax), so no T x S buffer exists.
 //
 // A query row meets a K/V tile as one row of logits, and the score changes
-// of params.h (soft cap, bias, segment ids, boolean mask, dropout) are
+// of contract/attention.h (soft cap, bias, segment ids, boolean mask, dropout) are
 // passes over that row, each taken or skipped once per row: attention
 // without them runs the plain loops.
 //
@@ -29,8 +29,8 @@
 #include <thread>
 #include <vector>
 
-#include "common/host_float.h"
-#include "common/philox.h"
+#include "common/cpu/host_float.h"
+#include "math/philox.h"
 #include "cpu/blocked.h"
 #include "cpu/row_convert.h"
 
@@ -63,7 +63,7 @@ void load_rows_transposed(const Elem* src, int64_t stride, int64_t rows, int64_t
   }
 }
 
-// Element strides of the contiguous layouts in params.h.
+// Element strides of the contiguous layouts in contract/attention.h.
 struct Layout {
   int64_t B, T, S, N, K, H;
   int64_t group;  // query heads per KV head
@@ -146,7 +146,7 @@ class MaskRanges {
 
  private:
   // The hull of the intervals that the segment tile ranges `ranges`
-  // ([B, ceil(len / kSegmentBlock), 2], params.h) give for the blocks
+  // ([B, ceil(len / kSegmentBlock), 2], contract/attention.h) give for the blocks
   // covering positions [x0, x1) of batch b; [0, other_len) without segment ids.
   static KeyRange segment_span(const int32_t* ranges, int64_t b, int64_t len, int64_t x0,
                                int64_t x1, int64_t other_len) {
@@ -191,7 +191,7 @@ BlockSpan blocks_of(KeyRange r, int64_t block) {
 }
 
 // ---------------------------------------------------------------------------
-// Score changes (params.h: AttentionScores, and the element masks of
+// Score changes (contract/attention.h: AttentionScores, and the element masks of
 // AttentionMask), each a pass over one row's logits x[c0, c1) of a tile.
 
 template <typename Elem>
@@ -227,7 +227,7 @@ class ScoreMods {
   }
 
   // factor[c] = 1 / (1 - rate) where dropout keeps key j0 + c, else 0. One
-  // Philox block serves 4 consecutive keys (common/philox.h).
+  // Philox block serves 4 consecutive keys (math/philox.h).
   void keep_factors(const TileRow& at, int64_t c0, int64_t c1, float* factor) const {
     const auto b = static_cast<uint32_t>(s_.dropout_broadcast ? 0 : at.b);
     const auto n = static_cast<uint32_t>(s_.dropout_broadcast ? 0 : at.n);
@@ -480,7 +480,7 @@ struct KvTile {
 // The gradient terms of a block of query rows against the columns `seen`
 // of a K/V tile (0 on the seen columns a row does not see), as
 // [kBlockQ][kBlockK] tiles (row r's column c at r * kBlockK + c). With x the
-// softmax input (params.h) and f the dropout factor keep / (1 - rate) (1
+// softmax input (contract/attention.h) and f the dropout factor keep / (1 - rate) (1
 // without dropout):
 struct TileGradients {
   const float* dv_weight;  // P * f: the weight of dO_i in dV_j
@@ -774,7 +774,7 @@ void backward(const AttentionBwdParams& p, const TaskRunner* runner) {
   }
   compute_delta<Elem>(p, l, delta, runner);
 
-  // A 16-bit dbias (the bias's dtype, params.h) is summed in float32 scratch.
+  // A 16-bit dbias (the bias's dtype, contract/attention.h) is summed in float32 scratch.
   const int64_t dbias_elems = (p.scores.bias_stride_b ? l.B : 1) *
                               (p.scores.bias_stride_n ? l.N : 1) * l.T * l.S;
   std::vector<float> dbias_scratch;

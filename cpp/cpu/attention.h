@@ -1,13 +1,13 @@
 // Flash attention on the host: the CPU counterpart of the CUDA kernels, with
-// the same contract (kernels/attention/params.h) and the same blocked
+// the same contract (contract/attention.h) and the same blocked
 // online-softmax algorithm, so both backends agree on masks (including
 // segment ids and the boolean mask), GQA, the score changes (soft cap, bias,
-// dropout from common/philox.h, drawing the same keep-mask bit for bit) and
+// dropout from math/philox.h, drawing the same keep-mask bit for bit) and
 // the handling of rows that see no key.
 #pragma once
 
 #include "cpu/parallel.h"
-#include "kernels/attention/params.h"
+#include "contract/attention.h"
 
 namespace jaxcraft {
 

@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "cpu/parallel.h"
-#include "kernels/activations/activation_math.h"
+#include "math/activation_math.h"
 
 namespace jaxcraft {
 namespace cpu {

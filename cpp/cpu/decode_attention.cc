@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/host_float.h"
+#include "common/cpu/host_float.h"
 #include "cpu/blocked.h"
 #include "cpu/row_convert.h"
 
@@ -57,7 +57,7 @@ struct Visibility {
   }
 };
 
-// Key j's row of KV head kh in the paged view (params.h), or null when the
+// Key j's row of KV head kh in the paged view (contract/decode.h), or null when the
 // block table names a page outside the cache (then the key is masked).
 template <typename Elem>
 const Elem* key_row(const DecodeParams& p, const Elem* base, int64_t b, int64_t j, int64_t kh) {

@@ -1,11 +1,11 @@
 // Decode attention on the host: the CPU counterpart of the CUDA split-K
-// kernels, with the same contract (kernels/decode/params.h): paged or
+// kernels, with the same contract (contract/decode.h): paged or
 // contiguous caches, clamped lengths, masked bad pages, rows that see no key
 // give zeros.
 #pragma once
 
 #include "cpu/parallel.h"
-#include "kernels/decode/params.h"
+#include "contract/decode.h"
 
 namespace jaxcraft {
 

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <vector>
 
-#include "common/host_float.h"
+#include "common/cpu/host_float.h"
 #include "cpu/parallel.h"
 #include "cpu/row_convert.h"
 

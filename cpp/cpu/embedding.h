@@ -1,6 +1,6 @@
 #pragma once
 #include "cpu/parallel.h"
-#include "kernels/embedding/params.h"
+#include "contract/embedding.h"
 
 namespace jaxcraft {
 

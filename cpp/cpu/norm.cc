@@ -11,7 +11,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "common/host_float.h"
+#include "common/cpu/host_float.h"
 #include "cpu/isa_clones.h"
 #include "cpu/lane_reduce.h"
 #include "cpu/parallel.h"

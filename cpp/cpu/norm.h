@@ -1,6 +1,6 @@
 #pragma once
 #include "cpu/parallel.h"
-#include "kernels/norm/params.h"
+#include "contract/norm.h"
 
 namespace jaxcraft {
 

@@ -2,14 +2,14 @@
 // (round to nearest even), each a whole-row loop: the CPU kernels convert
 // their rows through these. float16 runs through the F16C conversion
 // instructions, eight elements at a time, where the CPU has them (the
-// integer selects of common/host_float.h, which need ~10 operations per
+// integer selects of common/cpu/host_float.h, which need ~10 operations per
 // element, leave the float16 norms 1.4-2.8x slower than XLA's), and bfloat16
 // as AVX2 shifts; the baseline otherwise.
 #pragma once
 #include <cstdint>
 #include <type_traits>
 
-#include "common/host_float.h"
+#include "common/cpu/host_float.h"
 
 namespace jaxcraft {
 namespace cpu {

@@ -10,7 +10,7 @@
 #include <cmath>
 #include <vector>
 
-#include "common/host_float.h"
+#include "common/cpu/host_float.h"
 #include "cpu/blocked.h"
 #include "cpu/isa_clones.h"
 #include "cpu/lane_reduce.h"

@@ -1,6 +1,6 @@
 #pragma once
 #include "cpu/parallel.h"
-#include "kernels/softmax/params.h"
+#include "contract/softmax.h"
 
 namespace jaxcraft {
 

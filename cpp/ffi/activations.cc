@@ -1,12 +1,12 @@
 // FFI handlers for gelu / bias_gelu / swiglu / geglu: buffers and attributes
 // in, an ActivationFwdParams / ActivationBwdParams out to the CPU loop or the
 // CUDA launcher.
-#include "common/ffi_buffers.h"
-#include "common/ffi_task_runner.h"
+#include "common/ffi/buffers.h"
+#include "common/ffi/task_runner.h"
 #include "cpu/activations.h"
 #include "ffi/handlers.h"
 #ifdef JAXCRAFT_WITH_CUDA
-#include "common/cuda_check.h"
+#include "common/ffi/cuda_check.h"
 #include "kernels/activations/launch.h"
 #endif
 
@@ -100,7 +100,7 @@ auto fwd_binding(Binding b) {
       .template Arg<ffi::AnyBuffer>()          // x
       .template Arg<ffi::Buffer<ffi::F32>>()   // bias (empty: none)
       .template Ret<ffi::AnyBuffer>()          // y
-      .template Attr<int32_t>("activation")    // Activation code (params.h)
+      .template Attr<int32_t>("activation")    // Activation code (contract/activations.h)
       .template Attr<bool>("gated");
 }
 

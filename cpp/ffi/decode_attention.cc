@@ -1,12 +1,12 @@
 // FFI handlers for decode attention: buffers and attributes in, a
 // DecodeParams out to the CPU kernel or the CUDA launcher. Shapes were
 // validated in Python; these checks guard the ABI.
-#include "common/ffi_buffers.h"
-#include "common/ffi_task_runner.h"
+#include "common/ffi/buffers.h"
+#include "common/ffi/task_runner.h"
 #include "cpu/decode_attention.h"
 #include "ffi/handlers.h"
 #ifdef JAXCRAFT_WITH_CUDA
-#include "common/cuda_check.h"
+#include "common/ffi/cuda_check.h"
 #include "kernels/decode/launch.h"
 #endif
 

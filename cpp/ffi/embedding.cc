@@ -3,12 +3,12 @@
 #include <limits>
 #include <optional>
 
-#include "common/ffi_buffers.h"
-#include "common/ffi_task_runner.h"
+#include "common/ffi/buffers.h"
+#include "common/ffi/task_runner.h"
 #include "cpu/embedding.h"
 #include "ffi/handlers.h"
 #ifdef JAXCRAFT_WITH_CUDA
-#include "common/cuda_check.h"
+#include "common/ffi/cuda_check.h"
 #include "kernels/embedding/launch.h"
 #endif
 

@@ -1,11 +1,11 @@
 // FFI handlers for layer norm / RMS norm: buffers and attributes in, a
 // NormFwdParams / NormBwdParams out to the CPU loop or the CUDA launcher.
-#include "common/ffi_buffers.h"
-#include "common/ffi_task_runner.h"
+#include "common/ffi/buffers.h"
+#include "common/ffi/task_runner.h"
 #include "cpu/norm.h"
 #include "ffi/handlers.h"
 #ifdef JAXCRAFT_WITH_CUDA
-#include "common/cuda_check.h"
+#include "common/ffi/cuda_check.h"
 #include "kernels/norm/launch.h"
 #endif
 

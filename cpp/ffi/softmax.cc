@@ -1,11 +1,11 @@
 // FFI handlers for softmax over the last axis: buffers in, a
 // SoftmaxFwdParams / SoftmaxBwdParams out to the CPU loop or the CUDA launcher.
-#include "common/ffi_buffers.h"
-#include "common/ffi_task_runner.h"
+#include "common/ffi/buffers.h"
+#include "common/ffi/task_runner.h"
 #include "cpu/softmax.h"
 #include "ffi/handlers.h"
 #ifdef JAXCRAFT_WITH_CUDA
-#include "common/cuda_check.h"
+#include "common/ffi/cuda_check.h"
 #include "kernels/softmax/launch.h"
 #endif
 

@@ -12,8 +12,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "kernels/activations/activation_math.h"
-#include "kernels/activations/params.h"
+#include "math/activation_math.h"
+#include "contract/activations.h"
 
 namespace jaxcraft {
 namespace activation {
@@ -38,7 +38,7 @@ constexpr int kFwdRowsInFlight = kGated ? 2 : 4;
 constexpr int kBwdRowsInFlight = 1;
 
 // The math a kernel on storage type T runs: Act, but the erf form without
-// exp(-x^2)'s rounding corrections for 16-bit outputs (device_math.h).
+// exp(-x^2)'s rounding corrections for 16-bit outputs (activation_device_math.h).
 template <Activation kAct, typename T>
 using KernelAct = std::conditional_t<kAct == Activation::kGeluErf && sizeof(T) == 2,
                                      GeluErf<false>, Act<kAct>>;

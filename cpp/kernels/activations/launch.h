@@ -1,7 +1,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include "kernels/activations/params.h"
+#include "contract/activations.h"
 
 namespace jaxcraft {
 

@@ -64,7 +64,7 @@ struct Launch {
 };
 
 // `partials` > 0: one chunk per partial sum (their row split is fixed by
-// params.h); otherwise chunks of `chunk_rows` rows per thread row.
+// contract/activations.h); otherwise chunks of `chunk_rows` rows per thread row.
 Launch plan(int64_t rows, int64_t vectors, int64_t partials, int64_t chunk_rows = kChunkRows) {
   Launch l;
   l.block = block_shape(vectors, partials > 0 ? kPartialMaxTx : kBlockThreads);

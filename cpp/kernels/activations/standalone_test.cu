@@ -20,9 +20,9 @@
 #include <iterator>
 #include <vector>
 
-#include "common/standalone_check.h"
-#include "common/standalone_data.h"
-#include "common/standalone_timing.h"
+#include "common/testing/standalone_check.h"
+#include "common/testing/standalone_data.h"
+#include "common/testing/standalone_timing.h"
 #include "kernels/activations/launch.h"
 
 using jaxcraft::Activation;

@@ -486,7 +486,7 @@ __global__ void __launch_bounds__(Sh::kThreads, Sh::kMinBlocksPerSm)
     // kFeatScores: the tile's dS (staged in phase A) into dbias, rows of
     // keys as 16-byte (float32) or 8-byte (16-bit) stores, or vector
     // reductions; all-zero quads (hidden elements) are skipped, dbias being
-    // zeroed already. A 16-bit dbias has one writer per element (params.h).
+    // zeroed already. A 16-bit dbias has one writer per element (contract/attention.h).
     if constexpr (kLevel == kFeatScores) {
       if (a.dbias != nullptr) {
         using E = typename ElemOf<kDt>::type;

@@ -4,9 +4,9 @@
 #include <cstdint>
 #include <cstdio>
 
-#include "common/philox.h"
+#include "math/philox.h"
 #include "kernels/attention/kernel_args.h"
-#include "kernels/attention/params.h"
+#include "contract/attention.h"
 #include "kernels/attention/tile_config.h"
 
 namespace jaxcraft {

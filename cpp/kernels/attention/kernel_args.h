@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "common/dtype.h"
+#include "contract/dtype.h"
 
 namespace jaxcraft {
 namespace attn {
@@ -18,7 +18,7 @@ struct MaskArgs {
   const int32_t* q_lengths;
   const int32_t* kv_lengths;
   // Segment ids and their tile ranges; a boolean mask with element strides
-  // (params.h: AttentionMask says the layouts). Null when absent.
+  // (contract/attention.h: AttentionMask says the layouts). Null when absent.
   const int32_t* q_segment_ids;
   const int32_t* kv_segment_ids;
   const int32_t* segment_key_range;
@@ -27,7 +27,7 @@ struct MaskArgs {
   long long mask_stride_b, mask_stride_n;
 };
 
-// params.h: AttentionScores, with the dropout threshold and 1 / (1 - rate)
+// contract/attention.h: AttentionScores, with the dropout threshold and 1 / (1 - rate)
 // precomputed. has_dropout == (dropout_key != null).
 struct ScoreArgs {
   float softcap;  // <= 0: none
@@ -83,7 +83,7 @@ struct BwdArgs {
 
 // dbias needs atomics when several (b, n) add into one element: a broadcast
 // batch or head axis (stride 0) with more than one batch row or head
-// (params.h: dbias_shared).
+// (contract/attention.h: dbias_shared).
 __host__ __device__ inline bool dbias_needs_atomics(const ScoreArgs& sc, const ShapeArgs& s) {
   return (sc.bias_stride_b == 0 && s.batch > 1) || (sc.bias_stride_n == 0 && s.num_heads > 1);
 }

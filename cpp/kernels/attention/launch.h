@@ -2,7 +2,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include "kernels/attention/params.h"
+#include "contract/attention.h"
 
 namespace jaxcraft {
 

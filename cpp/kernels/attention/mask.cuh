@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "kernels/attention/kernel_args.h"
-#include "kernels/attention/params.h"
+#include "contract/attention.h"
 
 namespace jaxcraft {
 namespace attn {
@@ -59,7 +59,7 @@ __device__ __forceinline__ bool tile_is_partial(const MaskArgs& m, int r0, int r
          (m.window_left >= 0 && c0 < r1 + m.offset - m.window_left);
 }
 
-// --- Segment ids and the boolean mask (params.h: AttentionMask) -------------
+// --- Segment ids and the boolean mask (contract/attention.h: AttentionMask) -------------
 // These hide single elements, so a tile they touch always needs per-element
 // masking; segment ranges also narrow which tiles are visited at all.
 

@@ -1,7 +1,7 @@
 // Warp-level tensor-core primitives for sm_80+ as inline PTX: ldmatrix and
 // mma.sync m16n8k16 (16-bit inputs, fp32 accumulators), plus fragment loaders
 // for the four operand layouts the attention kernels use (cp.async:
-// common/cp_async.cuh).
+// common/cuda/cp_async.cuh).
 //
 // Fragment conventions (PTX ISA, mma.m16n8k16): lane = 4 * g + t with
 // g in [0, 8), t in [0, 4).
@@ -14,8 +14,8 @@
 
 #include <cstdint>
 
-#include "common/cp_async.cuh"
-#include "common/dtype.h"
+#include "common/cuda/cp_async.cuh"
+#include "contract/dtype.h"
 
 namespace jaxcraft {
 namespace attn {

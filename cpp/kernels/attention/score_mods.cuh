@@ -1,13 +1,13 @@
-// Per-element changes to the logits and probabilities (params.h:
+// Per-element changes to the logits and probabilities (contract/attention.h:
 // AttentionScores): logit soft cap and dropout. Shared by the
 // portable and the Hopper kernels.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "common/dtype.h"
-#include "common/fast_math.cuh"
-#include "common/philox.h"
+#include "contract/dtype.h"
+#include "math/fast_math.h"
+#include "math/philox.h"
 #include "kernels/attention/kernel_args.h"
 
 namespace jaxcraft {

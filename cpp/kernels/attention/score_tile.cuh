@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "common/dtype.h"
-#include "common/philox.h"
+#include "contract/dtype.h"
+#include "math/philox.h"
 #include "kernels/attention/kernel_args.h"
 #include "kernels/attention/mask.cuh"
 #include "kernels/attention/mma_sm80.cuh"

@@ -3,7 +3,7 @@
 #pragma once
 #include <cmath>
 
-#include "common/fast_math.cuh"
+#include "math/fast_math.h"
 #include "kernels/attention/mma_sm80.cuh"
 
 namespace jaxcraft {

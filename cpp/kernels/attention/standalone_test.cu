@@ -31,8 +31,8 @@
 #include <thread>
 #include <vector>
 
-#include "common/philox.h"
-#include "common/standalone_check.h"
+#include "math/philox.h"
+#include "common/testing/standalone_check.h"
 #include "kernels/attention/bwd_dkdv_kernel.cuh"
 #include "kernels/attention/fwd_kernel.cuh"
 #include "kernels/attention/host_args.h"
@@ -48,9 +48,9 @@ namespace {
 constexpr double kTol = 2e-2;       // relative L2 error bound for 16-bit inputs
 constexpr double kLseTol = 1e-2;    // absolute, natural-log units
 constexpr int kTimingReps = 20;
-constexpr int kSegBlock = 64;       // params.h: kSegmentBlock
+constexpr int kSegBlock = 64;       // contract/attention.h: kSegmentBlock
 
-// Per-element features of a case (params.h: AttentionMask, AttentionScores).
+// Per-element features of a case (contract/attention.h: AttentionMask, AttentionScores).
 // Bias and mask shapes: kFull [B, N, T, S]; kBcastB [1, N, T, S] (stride_b 0);
 // kBcastN [B, 1, T, S] (stride_n 0); kBcastBN [1, 1, T, S].
 enum class Bcast { kNone, kFull, kBcastB, kBcastN, kBcastBN };

@@ -1,6 +1,6 @@
 // Device code shared by the decode kernels: the launch-time arguments, the
 // paged-cache addressing, the per-row masks, the logits, conversions
-// (cp.async: common/cp_async.cuh; the tensor-core wrappers the split kernel
+// (cp.async: common/cuda/cp_async.cuh; the tensor-core wrappers the split kernel
 // uses are the attention kernels', attention/mma_sm80.cuh).
 #pragma once
 #include <cuda_bf16.h>
@@ -9,11 +9,11 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "common/cp_async.cuh"
-#include "common/dependent_launch.cuh"
-#include "common/fast_math.cuh"
-#include "common/fast_divmod.h"
-#include "kernels/decode/params.h"
+#include "common/cuda/cp_async.cuh"
+#include "common/cuda/dependent_launch.cuh"
+#include "math/fast_math.h"
+#include "common/cuda/fast_divmod.h"
+#include "contract/decode.h"
 
 namespace jaxcraft {
 namespace decode {
@@ -35,7 +35,7 @@ struct DecodeArgs {
 __device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // The clamped length of sequence b and the key span its queries see
-// (params.h): [span_begin, length).
+// (contract/decode.h): [span_begin, length).
 struct SeqSpan {
   int length;
   int span_begin;

@@ -2,7 +2,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include "kernels/decode/params.h"
+#include "contract/decode.h"
 
 namespace jaxcraft {
 

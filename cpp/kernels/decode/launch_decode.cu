@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "common/device_cache.h"
+#include "common/cuda/device_cache.h"
 #include "kernels/decode/combine_kernel.cuh"
 #include "kernels/decode/launch.h"
 #include "kernels/decode/split_mma_kernel.cuh"
@@ -94,7 +94,7 @@ cudaError_t run(const DecodeParams& p, void (*kernel)(DecodeArgs), size_t smem,
   const int64_t grid = ctas * a.num_splits;
   if (grid <= 0) return cudaSuccess;
   if (grid > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidConfiguration;
-  // Both kernels launch as dependents (common/dependent_launch.cuh): each
+  // Both kernels launch as dependents (common/cuda/dependent_launch.cuh): each
   // one's launch overlaps the tail of the kernel before it in the stream.
   static std::atomic<int> split_early[kMaxCachedDevices], combine_early[kMaxCachedDevices];
   err = launch_dependent(split_early, kernel, static_cast<unsigned>(grid), Cfg::kThreads, smem,

@@ -22,9 +22,9 @@
 #include <string>
 #include <vector>
 
-#include "common/host_float.h"
-#include "common/standalone_check.h"
-#include "common/standalone_timing.h"
+#include "common/cpu/host_float.h"
+#include "common/testing/standalone_check.h"
+#include "common/testing/standalone_timing.h"
 #include "kernels/decode/launch.h"
 
 using namespace jaxcraft;
@@ -87,7 +87,7 @@ T* device_copy(const std::vector<T>& host) {
   return d;
 }
 
-// The definition in params.h, in float64.
+// The definition in contract/decode.h, in float64.
 std::vector<double> reference(const Case& c, const std::vector<double>& q, const std::vector<double>& k,
                               const std::vector<double>& v, const std::vector<int32_t>& lengths,
                               const std::vector<int32_t>& tables, int num_pages, float scale) {

@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "kernels/embedding/params.h"
+#include "contract/embedding.h"
 
 namespace jaxcraft {
 namespace embedding {
@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(kBlockThreads) lookup_kernel(EmbeddingFwdParam
 }
 
 // ------------------------------------------------------- fast backward (atomics)
-// The fast path's index, in row_index (params.h).
+// The fast path's index, in row_index (contract/embedding.h).
 struct ChainIndex {
   int32_t *head, *count, *anchor, *next;
   __device__ explicit ChainIndex(const EmbeddingBwdParams& p)

@@ -1,7 +1,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include "kernels/embedding/params.h"
+#include "contract/embedding.h"
 
 namespace jaxcraft {
 

@@ -21,9 +21,9 @@
 #include <numeric>
 #include <vector>
 
-#include "common/standalone_check.h"
-#include "common/standalone_data.h"
-#include "common/standalone_timing.h"
+#include "common/testing/standalone_check.h"
+#include "common/testing/standalone_data.h"
+#include "common/testing/standalone_timing.h"
 #include "kernels/embedding/launch.h"
 
 using jaxcraft::DType;
@@ -82,7 +82,7 @@ struct Buf {
   }
 };
 
-// The row an id reads (the contract of params.h, written out independently).
+// The row an id reads (the contract of contract/embedding.h, written out independently).
 int64_t ref_row(int64_t id, int64_t rows, EmbeddingMode m) {
   if (m == EmbeddingMode::kClip) return std::min(std::max<int64_t>(id, 0), rows - 1);
   if (m == EmbeddingMode::kWrap) return ((id % rows) + rows) % rows;

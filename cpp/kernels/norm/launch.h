@@ -1,7 +1,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include "kernels/norm/params.h"
+#include "contract/norm.h"
 
 namespace jaxcraft {
 

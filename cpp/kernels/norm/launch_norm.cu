@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <initializer_list>
 
-#include "common/cluster_launch.h"
-#include "common/device_cache.h"
+#include "common/cuda/cluster_launch.h"
+#include "common/cuda/device_cache.h"
 #include "kernels/norm/launch.h"
 #include "kernels/norm/norm_rows_kernel.cuh"
 #include "kernels/norm/norm_stream_kernel.cuh"

@@ -8,7 +8,7 @@
 #pragma once
 #include "kernels/norm/norm_common.cuh"
 #include "kernels/norm/norm_row_sum.cuh"
-#include "kernels/norm/params.h"
+#include "contract/norm.h"
 
 namespace jaxcraft {
 namespace norm {

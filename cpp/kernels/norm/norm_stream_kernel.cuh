@@ -5,7 +5,7 @@
 // dscale/dbias partial row (deterministic, no atomics).
 #pragma once
 #include "kernels/norm/norm_common.cuh"
-#include "kernels/norm/params.h"
+#include "contract/norm.h"
 
 namespace jaxcraft {
 namespace norm {

@@ -9,7 +9,7 @@
 // without cancellation (merge_moments). Needs cols % Vec<T>::kN == 0 and
 // 16-byte aligned buffers.
 #pragma once
-#include "kernels/norm/params.h"
+#include "contract/norm.h"
 #include "kernels/rows/warp_row.cuh"
 
 namespace jaxcraft {

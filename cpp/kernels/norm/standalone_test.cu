@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "common/standalone_check.h"
-#include "common/standalone_data.h"
-#include "common/standalone_timing.h"
+#include "common/testing/standalone_check.h"
+#include "common/testing/standalone_data.h"
+#include "common/testing/standalone_timing.h"
 #include "kernels/norm/launch.h"
 #include "kernels/norm/norm_warp_kernel.cuh"
 

@@ -1,7 +1,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include "kernels/softmax/params.h"
+#include "contract/softmax.h"
 
 namespace jaxcraft {
 

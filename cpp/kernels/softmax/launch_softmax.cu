@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <initializer_list>
 
-#include "common/cluster_launch.h"
-#include "common/device_cache.h"
+#include "common/cuda/cluster_launch.h"
+#include "common/cuda/device_cache.h"
 #include "kernels/softmax/launch.h"
 #include "kernels/softmax/softmax_rows_kernels.cuh"
 #include "kernels/softmax/softmax_stream_kernels.cuh"
@@ -170,30 +170,22 @@ cudaError_t resident_walkers(int device, int threads, int smem, int smem_limit, 
   }
   cudaError_t err = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_limit);
   if (err != cudaSuccess) return err;
-  int walkers = 0;
-  if constexpr (kSplit == 1) {
-    int per_sm = 0, sms = 0;
-    if ((err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, threads, smem)) != cudaSuccess ||
-        (err = multiprocessor_count(&sms)) != cudaSuccess)
-      return err;
-    walkers = std::max(per_sm, 1) * sms;
-  } else {
-    bool clusters = false;
-    if ((err = runs_sm90_code(kKernel, device, &clusters)) != cudaSuccess) return err;
+  bool runs = kSplit == 1;  // whether the kernel can run at all
+  if constexpr (kSplit > 1) {
+    if ((err = runs_sm90_code(kKernel, device, &runs)) != cudaSuccess) return err;
     if constexpr (kSplit > kMaxSplit) {
       // Where the GPU refuses the non-portable size, no cluster runs: the
       // caller streams instead.
-      if (clusters &&
+      if (runs &&
           cudaFuncSetAttribute(kKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
         cudaGetLastError();  // clear the refusal
-        clusters = false;
+        runs = false;
       }
     }
-    if (clusters &&
-        (err = ClusterLaunch(kSplit, kSplit, threads, smem, nullptr).max_active_clusters(kKernel, &walkers)) !=
-            cudaSuccess)
-      return err;
   }
+  int walkers = 0;
+  if (runs && (err = resident_groups(kKernel, kSplit, threads, smem, &walkers)) != cudaSuccess) return err;
+  if (kSplit == 1) walkers = std::max(walkers, 1);
   *out = walkers;
   if (device < kMaxCachedDevices) {
     for (auto& slot : cache[device]) {

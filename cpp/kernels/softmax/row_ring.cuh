@@ -10,7 +10,7 @@
 #pragma once
 #include <cstdint>
 
-#include "common/cp_async.cuh"
+#include "common/cuda/cp_async.cuh"
 #include "kernels/norm/norm_common.cuh"
 
 namespace jaxcraft {

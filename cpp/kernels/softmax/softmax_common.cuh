@@ -10,11 +10,11 @@
 
 #include <cstdint>
 
-#include "common/fast_math.cuh"
+#include "math/fast_math.h"
 #include "kernels/norm/norm_common.cuh"
 #include "kernels/norm/norm_row_sum.cuh"
 #include "kernels/rows/warp_row.cuh"
-#include "kernels/softmax/params.h"
+#include "contract/softmax.h"
 
 namespace jaxcraft {
 namespace softmax {

@@ -22,9 +22,9 @@
 #include <limits>
 #include <vector>
 
-#include "common/standalone_check.h"
-#include "common/standalone_data.h"
-#include "common/standalone_timing.h"
+#include "common/testing/standalone_check.h"
+#include "common/testing/standalone_data.h"
+#include "common/testing/standalone_timing.h"
 #include "kernels/softmax/launch.h"
 
 using jaxcraft::DType;

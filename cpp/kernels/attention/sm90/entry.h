@@ -8,7 +8,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "common/device_cache.h"
+#include "common/cuda/device_cache.h"
 #include "kernels/attention/kernel_args.h"
 
 namespace jaxcraft {
@@ -68,14 +68,14 @@ inline int feature_level(const MaskArgs& m, const ScoreArgs& s) {
   if (s.softcap > 0.f || s.bias != nullptr) return 2;
   return m.q_segment_ids != nullptr || m.mask != nullptr ? 1 : 0;
 }
-// Segment ids come with their tile ranges (params.h); the kernels rely on them.
+// Segment ids come with their tile ranges (contract/attention.h); the kernels rely on them.
 inline bool segment_ids_usable(const MaskArgs& m) {
   return m.q_segment_ids == nullptr ||
          (m.kv_segment_ids != nullptr && m.segment_key_range != nullptr &&
           m.segment_query_range != nullptr);
 }
 // The attention features the Hopper kernels implement; launches with others
-// (params.h: AttentionMask, AttentionScores) take the portable kernels.
+// (contract/attention.h: AttentionMask, AttentionScores) take the portable kernels.
 // Implemented: lengths, causal and window masks, segment ids (with their
 // tile ranges), the boolean mask, soft cap, bias (with dbias) and dropout.
 inline bool fwd_supports(const FwdArgs& a) { return segment_ids_usable(a.mask); }

@@ -1,6 +1,6 @@
 // Per-element attention features for the Hopper kernels' feature instances
 // (FeatureLevel below): segment ids, the boolean mask, logit soft cap and
-// additive bias (params.h: AttentionMask, AttentionScores). The plain
+// additive bias (contract/attention.h: AttentionMask, AttentionScores). The plain
 // instances never include any of this, so their registers and wgmma
 // schedule stay as they are.
 //
@@ -17,7 +17,7 @@
 #include <climits>
 #include <cmath>
 
-#include "common/dtype.h"
+#include "contract/dtype.h"
 #include "kernels/attention/kernel_args.h"
 #include "kernels/attention/mask.cuh"
 #include "kernels/attention/mma_sm80.cuh"
@@ -107,7 +107,7 @@ __device__ __forceinline__ float capped_logit(float s, float scale, float cap, f
 #endif
 }
 
-// Host: the bias (params.h: laid out like [B or 1, N or 1, T, S]) as a 4-D
+// Host: the bias (contract/attention.h: laid out like [B or 1, N or 1, T, S]) as a 4-D
 // tensor map {S, T, N or 1, B or 1}, box of 128 bytes of keys x box_rows
 // rows, 128-byte swizzled like the other tiles. False when TMA cannot
 // address it (16-byte alignment of the base and of every stride); the

@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "common/dtype.h"
+#include "contract/dtype.h"
 #include "kernels/attention/mma_sm80.cuh"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)

@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "common/dtype.h"
+#include "contract/dtype.h"
 #include "kernels/attention/sm90/hopper.cuh"
 
 namespace jaxcraft {

@@ -19,7 +19,7 @@
 
 #include <cstdint>
 
-#include "common/fast_divmod.h"
+#include "common/cuda/fast_divmod.h"
 
 namespace jaxcraft {
 namespace attn {

@@ -4,7 +4,7 @@
 #pragma once
 #include <cstdint>
 
-#include "common/dtype.h"
+#include "contract/dtype.h"
 
 namespace jaxcraft {
 

@@ -11,9 +11,9 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "kernels/activations/device_math.h"
-#include "kernels/activations/normal_cdf_poly.h"
-#include "kernels/activations/params.h"
+#include "math/activation_device_math.h"
+#include "math/normal_cdf_poly.h"
+#include "contract/activations.h"
 
 #ifdef __CUDACC__
 #define JAXCRAFT_ACT_FN __host__ __device__ __forceinline__
@@ -74,7 +74,7 @@ inline float host_expf(float x) {
 }
 
 // exp, the sigmoid's reciprocal and erfc: the hardware approximations
-// (common/fast_math.cuh, device_math.h) in CUDA code (the GELU kernels are
+// (math/fast_math.h, activation_device_math.h) in CUDA code (the GELU kernels are
 // issue-bound on the H200: with __expf and __frcp_rn, whose range checks and
 // slow-path call cost more than the math, the tanh form takes about 29
 // instructions per element instead of 13), the vectorizable exp, the exact
@@ -103,7 +103,7 @@ JAXCRAFT_ACT_FN float act_reciprocal(float x) {
 }
 
 // Phi(h) = erfc(-h / sqrt 2) / 2, and exp(-h^2 / 2) into gauss (the erf
-// form's derivative needs both); kExpCorrected: device_math.h.
+// form's derivative needs both); kExpCorrected: activation_device_math.h.
 template <bool kExpCorrected = true>
 JAXCRAFT_ACT_FN float act_normal_cdf(float h, float& gauss) {
 #ifdef __CUDA_ARCH__
@@ -155,7 +155,7 @@ struct Act<Activation::kGeluTanh> {
   }
 };
 
-// The erf form; kExpCorrected = false for 16-bit outputs (device_math.h).
+// The erf form; kExpCorrected = false for 16-bit outputs (activation_device_math.h).
 template <bool kExpCorrected>
 struct GeluErf {
   // f = h Phi(h); f' = Phi(h) + h phi(h), phi(h) = exp(-h^2 / 2) / sqrt(2 pi).

@@ -13,8 +13,8 @@
 #include <atomic>
 #include <utility>
 
-#include "common/device_cache.h"
-#include "common/sm90_code.h"
+#include "common/cuda/device_cache.h"
+#include "common/cuda/sm90_code.h"
 
 namespace jaxcraft {
 

@@ -26,8 +26,8 @@
 // carries the NaN).
 #pragma once
 
-#include "common/fast_math.cuh"
-#include "kernels/activations/normal_cdf_poly.h"
+#include "math/fast_math.h"
+#include "math/normal_cdf_poly.h"
 
 #ifdef __CUDACC__
 namespace jaxcraft {

@@ -3,7 +3,7 @@
 #pragma once
 #include <cstdint>
 
-#include "common/dtype.h"
+#include "contract/dtype.h"
 
 #if defined(__CUDACC__)
 #define JAXCRAFT_HOST_DEVICE __host__ __device__

@@ -1,4 +1,4 @@
-"""Fits the polynomials of device_math.h's device_normal_cdf (python fit_erfc.py prints them).
+"""Fits the polynomials of activation_device_math.h's device_normal_cdf (python fit_erfc.py prints them).
 
 For a = |x| in [0, kMaxArg], erfc(a) = u P(u) exp(-a^2) with u = 1 / (1 + K a)
 in [0.165, 1]: the quotient g = erfc(a) exp(a^2) / u is smooth there (it

@@ -4,7 +4,7 @@
 #include <optional>
 #include <string>
 
-#include "common/dtype.h"
+#include "contract/dtype.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxcraft {

@@ -3,7 +3,7 @@
 #pragma once
 #include <cstdint>
 
-#include "common/dtype.h"
+#include "contract/dtype.h"
 
 namespace jaxcraft {
 
@@ -53,7 +53,7 @@ struct AttentionScores {
   const void* bias = nullptr;
   bool bias_f32 = false;
   int64_t bias_stride_b = 0, bias_stride_n = 0;
-  // Dropout (common/philox.h): rate in [0, 1); key = two uint32 words in
+  // Dropout (math/philox.h): rate in [0, 1); key = two uint32 words in
   // device (CUDA) or host (CPU) memory; broadcast: one keep-mask for all
   // batch rows and heads (Flax's broadcast_dropout), i.e. b = n = 0 in the RNG.
   float dropout_rate = 0.f;

@@ -3,7 +3,7 @@
 #pragma once
 #include <cstdint>
 
-#include "common/dtype.h"
+#include "contract/dtype.h"
 
 namespace jaxcraft {
 

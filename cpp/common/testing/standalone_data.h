@@ -11,7 +11,7 @@
 #include <cstring>
 #include <vector>
 
-#include "common/dtype.h"
+#include "contract/dtype.h"
 
 namespace jaxcraft_test {
 

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <utility>
 
-#include "common/device_cache.h"
-#include "common/sm90_code.h"
+#include "common/cuda/device_cache.h"
+#include "common/cuda/sm90_code.h"
 
 namespace jaxcraft {
 

@@ -1,5 +1,5 @@
 // The normal CDF's tail polynomial, shared by the CUDA kernels
-// (device_math.h) and the CPU loops (activation_math.h): for h of either
+// (activation_device_math.h) and the CPU loops (activation_math.h): for h of either
 // sign, Phi(-|h|) = u P(u) exp(-h^2 / 2) with u = 1 / (1 + |h| / (2 sqrt 2)),
 // P fitted by fit_erfc.py (printed halved: erfc(a) / 2 = Phi(-a sqrt 2)).
 #pragma once

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "common/dtype.h"
+#include "contract/dtype.h"
 
 namespace jaxcraft {
 

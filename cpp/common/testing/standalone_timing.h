@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "common/standalone_check.h"
+#include "common/testing/standalone_check.h"
 
 namespace jaxcraft_test {
 
