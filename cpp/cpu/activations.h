@@ -1,6 +1,6 @@
 #pragma once
-#include "cpu/parallel.h"
 #include "contract/activations.h"
+#include "cpu/parallel.h"
 
 namespace jaxcraft {
 

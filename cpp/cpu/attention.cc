@@ -30,9 +30,9 @@
 #include <vector>
 
 #include "common/cpu/host_float.h"
-#include "math/philox.h"
 #include "cpu/blocked.h"
 #include "cpu/row_convert.h"
+#include "math/philox.h"
 
 namespace jaxcraft {
 namespace {

@@ -6,8 +6,8 @@
 // the handling of rows that see no key.
 #pragma once
 
-#include "cpu/parallel.h"
 #include "contract/attention.h"
+#include "cpu/parallel.h"
 
 namespace jaxcraft {
 

@@ -4,8 +4,8 @@
 // give zeros.
 #pragma once
 
-#include "cpu/parallel.h"
 #include "contract/decode.h"
+#include "cpu/parallel.h"
 
 namespace jaxcraft {
 

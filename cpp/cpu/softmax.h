@@ -1,6 +1,6 @@
 #pragma once
-#include "cpu/parallel.h"
 #include "contract/softmax.h"
+#include "cpu/parallel.h"
 
 namespace jaxcraft {
 

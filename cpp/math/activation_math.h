@@ -11,9 +11,9 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "contract/activations.h"
 #include "math/activation_device_math.h"
 #include "math/normal_cdf_poly.h"
-#include "contract/activations.h"
 
 #ifdef __CUDACC__
 #define JAXCRAFT_ACT_FN __host__ __device__ __forceinline__

@@ -12,8 +12,9 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "math/activation_math.h"
+#include "common/cuda/convert.cuh"
 #include "contract/activations.h"
+#include "math/activation_math.h"
 
 namespace jaxcraft {
 namespace activation {
@@ -42,17 +43,6 @@ constexpr int kBwdRowsInFlight = 1;
 template <Activation kAct, typename T>
 using KernelAct = std::conditional_t<kAct == Activation::kGeluErf && sizeof(T) == 2,
                                      GeluErf<false>, Act<kAct>>;
-
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
-
-template <typename T> __device__ __forceinline__ T from_f32(float x);
-template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
 
 // Elements per thread on the vector path: one 16-byte access.
 template <typename T>

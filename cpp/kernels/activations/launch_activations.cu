@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "common/cuda/vector_access.h"
 #include "kernels/activations/activation_kernels.cuh"
 #include "kernels/activations/launch.h"
 
@@ -37,17 +38,6 @@ constexpr int kPartialMaxTx = 64;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % activation::kVecBytes == 0; }
-
-// The vector path needs whole 16-byte vectors in every row (and, gated, in
-// each half) and 16-byte aligned buffers; anything else takes the scalar path.
-template <typename T>
-bool can_vectorize(int64_t cols, std::initializer_list<const void*> ptrs) {
-  if (cols % kVecElems<T> != 0) return false;
-  for (const void* p : ptrs)
-    if (p && !aligned16(p)) return false;
-  return true;
-}
 
 // Block shape: tx threads across a row's `vectors` (a power of two, at most
 // max_tx, so a warp reads consecutive vectors) and ty = 256 / tx rows side
@@ -130,6 +120,7 @@ struct Bwd {
 
 template <typename T>
 cudaError_t fwd_typed(const ActivationFwdParams& p, cudaStream_t stream) {
+  // cols is the output width: a gated input row is two rows of whole vectors.
   return with_activation<Fwd, T>(p, can_vectorize<T>(p.cols, {p.x, p.y, p.bias}), stream);
 }
 

@@ -4,10 +4,10 @@
 #include <cstdint>
 #include <cstdio>
 
-#include "math/philox.h"
-#include "kernels/attention/kernel_args.h"
 #include "contract/attention.h"
+#include "kernels/attention/kernel_args.h"
 #include "kernels/attention/tile_config.h"
+#include "math/philox.h"
 
 namespace jaxcraft {
 namespace attn {

@@ -4,8 +4,8 @@
 #pragma once
 #include <cmath>
 
-#include "kernels/attention/kernel_args.h"
 #include "contract/attention.h"
+#include "kernels/attention/kernel_args.h"
 
 namespace jaxcraft {
 namespace attn {

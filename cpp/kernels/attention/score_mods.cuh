@@ -6,9 +6,9 @@
 #include <cuda_fp16.h>
 
 #include "contract/dtype.h"
+#include "kernels/attention/kernel_args.h"
 #include "math/fast_math.h"
 #include "math/philox.h"
-#include "kernels/attention/kernel_args.h"
 
 namespace jaxcraft {
 namespace attn {

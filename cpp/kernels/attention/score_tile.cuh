@@ -9,12 +9,12 @@
 #include <type_traits>
 
 #include "contract/dtype.h"
-#include "math/philox.h"
 #include "kernels/attention/kernel_args.h"
 #include "kernels/attention/mask.cuh"
 #include "kernels/attention/mma_sm80.cuh"
 #include "kernels/attention/score_mods.cuh"
 #include "kernels/attention/softmax.cuh"
+#include "math/philox.h"
 
 namespace jaxcraft {
 namespace attn {

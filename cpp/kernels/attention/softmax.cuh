@@ -3,8 +3,8 @@
 #pragma once
 #include <cmath>
 
-#include "math/fast_math.h"
 #include "kernels/attention/mma_sm80.cuh"
+#include "math/fast_math.h"
 
 namespace jaxcraft {
 namespace attn {

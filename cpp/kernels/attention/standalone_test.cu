@@ -31,7 +31,6 @@
 #include <thread>
 #include <vector>
 
-#include "math/philox.h"
 #include "common/testing/standalone_check.h"
 #include "kernels/attention/bwd_dkdv_kernel.cuh"
 #include "kernels/attention/fwd_kernel.cuh"
@@ -39,6 +38,7 @@
 #include "kernels/attention/launch.h"
 #include "kernels/attention/sm90/bwd_kernel.cuh"
 #include "kernels/attention/sm90/fwd_kernel.cuh"
+#include "math/philox.h"
 
 using jaxcraft::DType;
 

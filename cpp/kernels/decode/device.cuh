@@ -9,11 +9,12 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/cuda/convert.cuh"
 #include "common/cuda/cp_async.cuh"
 #include "common/cuda/dependent_launch.cuh"
-#include "math/fast_math.h"
 #include "common/cuda/fast_divmod.h"
 #include "contract/decode.h"
+#include "math/fast_math.h"
 
 namespace jaxcraft {
 namespace decode {
@@ -132,18 +133,6 @@ __device__ __forceinline__ float logit(const DecodeParams& p, float dot) {
 __device__ __forceinline__ float scaled_logit(const DecodeParams& p, float dot) {
   return logit(p, dot) * kLog2e;
 }
-
-// ---------------------------------------------------------------- conversions
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
-
-template <typename T> __device__ __forceinline__ T from_f32(float x);
-template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
 
 // Four consecutive output elements from float32.
 template <typename T>

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "common/cuda/convert.cuh"
 #include "contract/embedding.h"
 
 namespace jaxcraft {
@@ -34,17 +35,6 @@ template <typename T, int kN>
 struct alignas(sizeof(T) * kN < kVecBytes ? sizeof(T) * kN : kVecBytes) Pack {
   T v[kN];
 };
-
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
-
-template <typename T> __device__ __forceinline__ T from_f32(float x);
-template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
 
 // Where a thread sits: row slot `slot` of its block, lane `lane` of the row's group.
 struct Layout {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "common/cuda/vector_access.h"
 #include "kernels/embedding/embedding_kernels.cuh"
 #include "kernels/embedding/launch.h"
 
@@ -25,16 +26,6 @@ constexpr int64_t kMaxGrid = 1 << 16;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-// 16-byte packs need whole packs per row and 16-byte aligned rows.
-template <typename T>
-bool can_vectorize(int64_t dim, std::initializer_list<const void*> ptrs) {
-  if (dim % kVecN<T> != 0) return false;
-  for (const void* p : ptrs)
-    if (p && !aligned16(p)) return false;
-  return true;
-}
 
 // Threads per row: the fewest (a power of two) that cover the row with
 // `per_thread` packs each, at most a block. Narrow rows (D = 64 bf16: 8

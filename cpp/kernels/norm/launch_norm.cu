@@ -9,6 +9,7 @@
 
 #include "common/cuda/cluster_launch.h"
 #include "common/cuda/device_cache.h"
+#include "common/cuda/vector_access.h"
 #include "kernels/norm/launch.h"
 #include "kernels/norm/norm_rows_kernel.cuh"
 #include "kernels/norm/norm_stream_kernel.cuh"
@@ -56,15 +57,6 @@ RowsConfig pick_bwd_config(int64_t vectors, bool clusters) {
 constexpr int config_key(int group, int vecs, int split) { return (group * 8 + vecs) * 16 + split; }
 constexpr int config_key(const RowsConfig& c) { return config_key(c.group, c.vecs, c.split); }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-template <typename T>
-bool can_vectorize(int64_t cols, std::initializer_list<const void*> ptrs) {
-  if (cols % Vec<T>::kN != 0) return false;
-  for (const void* p : ptrs)
-    if (p && !aligned16(p)) return false;
-  return true;
-}
 
 // Whether the current device runs cluster kernels (asked of one of them).
 cudaError_t has_clusters(bool* result) {

@@ -6,22 +6,13 @@
 
 #include <cstdint>
 
+#include "common/cuda/convert.cuh"
+
 namespace jaxcraft {
 namespace norm {
 
 constexpr int kWarp = 32;
 constexpr int kVecBytes = 16;  // one LDG.128 / STG.128 per vector
-
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
-
-template <typename T> __device__ __forceinline__ T from_f32(float x);
-template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
 
 // kN elements of T moved as one 16-byte access.
 template <typename T>

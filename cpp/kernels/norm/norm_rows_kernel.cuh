@@ -6,9 +6,9 @@
 // row statistics meet in distributed shared memory (RowSum). Requires
 // cols % Vec<T>::kN == 0 and cols <= kSplit * kGroup * kVecs * Vec<T>::kN.
 #pragma once
+#include "contract/norm.h"
 #include "kernels/norm/norm_common.cuh"
 #include "kernels/norm/norm_row_sum.cuh"
-#include "contract/norm.h"
 
 namespace jaxcraft {
 namespace norm {

@@ -4,8 +4,8 @@
 // for dh, then a third, column tile by column tile, for the block's
 // dscale/dbias partial row (deterministic, no atomics).
 #pragma once
-#include "kernels/norm/norm_common.cuh"
 #include "contract/norm.h"
+#include "kernels/norm/norm_common.cuh"
 
 namespace jaxcraft {
 namespace norm {

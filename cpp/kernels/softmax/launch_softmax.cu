@@ -9,6 +9,7 @@
 
 #include "common/cuda/cluster_launch.h"
 #include "common/cuda/device_cache.h"
+#include "common/cuda/vector_access.h"
 #include "kernels/softmax/launch.h"
 #include "kernels/softmax/softmax_rows_kernels.cuh"
 #include "kernels/softmax/softmax_stream_kernels.cuh"
@@ -105,13 +106,6 @@ constexpr int64_t kStreamMidCols = 8192;
 
 constexpr int config_key(int group, int vecs, int split) { return (group * 16 + vecs) * 32 + split; }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-bool all_aligned(std::initializer_list<const void*> ptrs) {
-  for (const void* p : ptrs)
-    if (p && !aligned16(p)) return false;
-  return true;
-}
 
 // Stream kernels: enough resident rows for the whole GPU without a giant
 // grid; grid-stride loops cover the rest.
@@ -353,13 +347,13 @@ bool launch_fwd_warp(const SoftmaxFwdParams& p, cudaStream_t stream, cudaError_t
 
 template <typename T>
 cudaError_t fwd_typed(const SoftmaxFwdParams& p, cudaStream_t stream) {
-  const bool vec = all_aligned({p.x, p.y});
+  const bool vec = all_aligned16({p.x, p.y});
   const bool whole_vectors = vec && p.cols % Vec<T>::kN == 0;
   cudaError_t err = cudaSuccess;
   if (whole_vectors && launch_fwd_warp<T>(p, stream, &err)) return err != cudaSuccess ? err : cudaGetLastError();
   constexpr bool kF32 = sizeof(T) == sizeof(float);
   const Config cfg =
-      whole_vectors && all_aligned({p.mask}) ? pick_fwd_config(p.cols / Vec<T>::kN, kF32, p.mask != nullptr)
+      whole_vectors && all_aligned16({p.mask}) ? pick_fwd_config(p.cols / Vec<T>::kN, kF32, p.mask != nullptr)
                                              : Config{};
   bool ran = false;
   switch (config_key(cfg.group, cfg.vecs, cfg.split)) {
@@ -427,7 +421,7 @@ bool launch_bwd_warp(const SoftmaxBwdParams& p, cudaStream_t stream, cudaError_t
 
 template <typename T>
 cudaError_t bwd_typed(const SoftmaxBwdParams& p, cudaStream_t stream) {
-  const bool vec = all_aligned({p.y, p.dy, p.dx});
+  const bool vec = all_aligned16({p.y, p.dy, p.dx});
   const bool whole_vectors = vec && p.cols % Vec<T>::kN == 0;
   cudaError_t err = cudaSuccess;
   if (whole_vectors && launch_bwd_warp<T>(p, stream, &err)) return err != cudaSuccess ? err : cudaGetLastError();

@@ -1,7 +1,7 @@
 // Device helpers shared by the softmax kernels (softmax_rows_kernels.cuh,
 // softmax_stream_kernels.cuh, softmax_warp_kernel.cuh): float32 math
-// whatever the storage type (norm_common.cuh's 16-byte vectors and
-// conversions; rows::element_pair for values held packed in registers), block and
+// whatever the storage type (norm_common.cuh's 16-byte vectors;
+// rows::element_pair for values held packed in registers), block and
 // cluster reductions, mask bits, and which rows a thread group walks.
 #pragma once
 #include <cuda_bf16.h>
@@ -10,21 +10,19 @@
 
 #include <cstdint>
 
-#include "math/fast_math.h"
+#include "contract/softmax.h"
 #include "kernels/norm/norm_common.cuh"
 #include "kernels/norm/norm_row_sum.cuh"
 #include "kernels/rows/warp_row.cuh"
-#include "contract/softmax.h"
+#include "math/fast_math.h"
 
 namespace jaxcraft {
 namespace softmax {
 
-using norm::from_f32;
 using norm::kVecBytes;
 using norm::kWarp;
 using norm::load_vec;
 using norm::store_vec;
-using norm::to_f32;
 using norm::Vec;
 using rows::element_pair;
 using rows::Max;

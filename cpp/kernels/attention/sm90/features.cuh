@@ -22,8 +22,8 @@
 #include "kernels/attention/mask.cuh"
 #include "kernels/attention/mma_sm80.cuh"
 #include "kernels/attention/score_mods.cuh"
-#include "kernels/attention/softmax.cuh"
 #include "kernels/attention/sm90/tensor_map.h"
+#include "kernels/attention/softmax.cuh"
 
 namespace jaxcraft {
 namespace attn {
