@@ -167,19 +167,11 @@ void bwd_typed(const ActivationBwdParams& p, const TaskRunner* runner) {
 }  // namespace
 
 void activation_fwd_cpu(const ActivationFwdParams& p, const TaskRunner* runner) {
-  switch (p.dtype) {
-    case DType::kF32: return fwd_typed<float>(p, runner);
-    case DType::kBF16: return fwd_typed<bf16_t>(p, runner);
-    case DType::kF16: return fwd_typed<f16_t>(p, runner);
-  }
+  dispatch_cpu_dtype(p.dtype, [&](auto x) { return fwd_typed<decltype(x)>(p, runner); });
 }
 
 void activation_bwd_cpu(const ActivationBwdParams& p, const TaskRunner* runner) {
-  switch (p.dtype) {
-    case DType::kF32: return bwd_typed<float>(p, runner);
-    case DType::kBF16: return bwd_typed<bf16_t>(p, runner);
-    case DType::kF16: return bwd_typed<f16_t>(p, runner);
-  }
+  dispatch_cpu_dtype(p.dtype, [&](auto x) { return bwd_typed<decltype(x)>(p, runner); });
 }
 
 }  // namespace jaxcraft

@@ -812,20 +812,12 @@ bool is_empty(const AttentionShape& s) {
 
 void attention_fwd_cpu(const AttentionFwdParams& p, const TaskRunner* runner) {
   if (is_empty(p.shape)) return;
-  switch (p.dtype) {
-    case DType::kF32: forward<float>(p, runner); break;
-    case DType::kBF16: forward<bf16_t>(p, runner); break;
-    case DType::kF16: forward<f16_t>(p, runner); break;
-  }
+  dispatch_cpu_dtype(p.dtype, [&](auto x) { forward<decltype(x)>(p, runner); });
 }
 
 void attention_bwd_cpu(const AttentionBwdParams& p, const TaskRunner* runner) {
   if (is_empty(p.shape)) return;
-  switch (p.dtype) {
-    case DType::kF32: backward<float>(p, runner); break;
-    case DType::kBF16: backward<bf16_t>(p, runner); break;
-    case DType::kF16: backward<f16_t>(p, runner); break;
-  }
+  dispatch_cpu_dtype(p.dtype, [&](auto x) { backward<decltype(x)>(p, runner); });
 }
 
 }  // namespace jaxcraft

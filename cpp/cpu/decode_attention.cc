@@ -247,11 +247,7 @@ void run(const DecodeParams& p, const TaskRunner* runner) {
 
 void decode_attention_cpu(const DecodeParams& p, const TaskRunner* runner) {
   if (p.batch * p.seqlen_q * p.num_heads * p.head_dim == 0) return;
-  switch (p.dtype) {
-    case DType::kF32: return run<float>(p, runner);
-    case DType::kBF16: return run<bf16_t>(p, runner);
-    case DType::kF16: return run<f16_t>(p, runner);
-  }
+  dispatch_cpu_dtype(p.dtype, [&](auto x) { return run<decltype(x)>(p, runner); });
 }
 
 }  // namespace jaxcraft

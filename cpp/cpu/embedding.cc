@@ -107,20 +107,12 @@ void bwd_typed(const EmbeddingBwdParams& p, const TaskRunner* runner) {
 
 void embedding_fwd_cpu(const EmbeddingFwdParams& p, const TaskRunner* runner) {
   if (p.num_ids == 0 || p.dim == 0 || p.rows < 1) return;
-  switch (p.dtype) {
-    case DType::kF32: return fwd_typed<float>(p, runner);
-    case DType::kBF16: return fwd_typed<bf16_t>(p, runner);
-    case DType::kF16: return fwd_typed<f16_t>(p, runner);
-  }
+  dispatch_cpu_dtype(p.dtype, [&](auto x) { return fwd_typed<decltype(x)>(p, runner); });
 }
 
 void embedding_bwd_cpu(const EmbeddingBwdParams& p, const TaskRunner* runner) {
   if (p.rows == 0 || p.dim == 0) return;
-  switch (p.dtype) {
-    case DType::kF32: return bwd_typed<float>(p, runner);
-    case DType::kBF16: return bwd_typed<bf16_t>(p, runner);
-    case DType::kF16: return bwd_typed<f16_t>(p, runner);
-  }
+  dispatch_cpu_dtype(p.dtype, [&](auto x) { return bwd_typed<decltype(x)>(p, runner); });
 }
 
 }  // namespace jaxcraft

@@ -163,19 +163,11 @@ void bwd_parallel(const NormBwdParams& p, const TaskRunner* runner,
 }  // namespace
 
 void norm_fwd_cpu(const NormFwdParams& p, const TaskRunner* runner) {
-  switch (p.dtype) {
-    case DType::kF32: return fwd_parallel(p, runner, fwd_rows<float>);
-    case DType::kBF16: return fwd_parallel(p, runner, fwd_rows<bf16_t>);
-    case DType::kF16: return fwd_parallel(p, runner, fwd_rows<f16_t>);
-  }
+  dispatch_cpu_dtype(p.dtype, [&](auto x) { return fwd_parallel(p, runner, fwd_rows<decltype(x)>); });
 }
 
 void norm_bwd_cpu(const NormBwdParams& p, const TaskRunner* runner) {
-  switch (p.dtype) {
-    case DType::kF32: return bwd_parallel(p, runner, bwd_partials<float>);
-    case DType::kBF16: return bwd_parallel(p, runner, bwd_partials<bf16_t>);
-    case DType::kF16: return bwd_parallel(p, runner, bwd_partials<f16_t>);
-  }
+  dispatch_cpu_dtype(p.dtype, [&](auto x) { return bwd_parallel(p, runner, bwd_partials<decltype(x)>); });
 }
 
 }  // namespace jaxcraft

@@ -118,20 +118,12 @@ void bwd_typed(const SoftmaxBwdParams& p, const TaskRunner* runner) {
 
 void softmax_fwd_cpu(const SoftmaxFwdParams& p, const TaskRunner* runner) {
   if (p.rows == 0 || p.cols == 0) return;
-  switch (p.dtype) {
-    case DType::kF32: return fwd_typed<float>(p, runner);
-    case DType::kBF16: return fwd_typed<bf16_t>(p, runner);
-    case DType::kF16: return fwd_typed<f16_t>(p, runner);
-  }
+  dispatch_cpu_dtype(p.dtype, [&](auto x) { return fwd_typed<decltype(x)>(p, runner); });
 }
 
 void softmax_bwd_cpu(const SoftmaxBwdParams& p, const TaskRunner* runner) {
   if (p.rows == 0 || p.cols == 0) return;
-  switch (p.dtype) {
-    case DType::kF32: return bwd_typed<float>(p, runner);
-    case DType::kBF16: return bwd_typed<bf16_t>(p, runner);
-    case DType::kF16: return bwd_typed<f16_t>(p, runner);
-  }
+  dispatch_cpu_dtype(p.dtype, [&](auto x) { return bwd_typed<decltype(x)>(p, runner); });
 }
 
 }  // namespace jaxcraft

@@ -24,7 +24,7 @@ from jaxcraft.ops import _checks, _primitive
 
 F32 = jnp.float32
 
-# Activation codes: `enum class Activation` in cpp/kernels/activations/params.h.
+# Activation codes: `enum class Activation` in cpp/contract/activations.h.
 GELU_TANH, GELU_ERF, SILU = 0, 1, 2
 GATED_OPS = ("swiglu", "geglu")
 
@@ -236,7 +236,7 @@ _MAX_PARTIALS = 1024
 def _num_partials(groups: int, rows: int) -> int:
   """Partials for `groups` consecutive groups of `rows` rows each, whose
   bias gradients are wanted separately (groups > 1 under vmap): every partial
-  then lies within one group (params.h fixes their row split)."""
+  then lies within one group (contract/activations.h fixes their row split)."""
   if groups == 1:
     return max(1, min(_MAX_PARTIALS, math.ceil(rows / _ROWS_PER_PARTIAL)))
   per_partial = max(d for d in range(1, min(_ROWS_PER_PARTIAL, rows) + 1) if rows % d == 0)

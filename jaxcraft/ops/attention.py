@@ -43,7 +43,7 @@ _UNBOUNDED = -1  # window bound meaning "no limit" in AttentionMask
 _OPTIONAL = ("q_len", "kv_len", "bias", "mask", "q_seg", "kv_seg", "dropout_key")
 _PLACEHOLDER_DTYPES = dict(q_len=I32, kv_len=I32, bias=F32, mask=jnp.bool_, q_seg=I32,
                            kv_seg=I32, dropout_key=jnp.uint32)
-_SEGMENT_BLOCK = 64  # kSegmentBlock in cpp/kernels/attention/params.h
+_SEGMENT_BLOCK = 64  # kSegmentBlock in cpp/contract/attention.h
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,7 +133,7 @@ def _kernel_dict(optional):
 
 
 def _dbias_dtype(q, bias):
-  """The kernels' dbias dtype (params.h): the bias's own where each element
+  """The kernels' dbias dtype (contract/attention.h): the bias's own where each element
   has one writer, float32 where several (b, n) sum into it (the bias
   broadcasts over a batch or head axis of size > 1)."""
   B, _, N, _ = q.shape
@@ -225,7 +225,7 @@ def _first_last_ranges(overlap, length):
 
 
 def _segment_ranges(q_seg, kv_seg):
-  """The kernels' tile ranges for segment ids (params.h: AttentionMask):
+  """The kernels' tile ranges for segment ids (contract/attention.h: AttentionMask):
   which keys each 64-row block may see and which rows each 64-key block may
   be seen by. Exact for sorted ids; a superset (still correct) otherwise."""
   q_min, q_max = _block_min_max(q_seg)

@@ -1,5 +1,5 @@
 """Attention dropout's keep-mask in jax.numpy: the same Philox4x32-10 draw as
-the kernels (cpp/common/philox.h), so the reference path and the tests see
+the kernels (cpp/math/philox.h), so the reference path and the tests see
 exactly the mask the CPU and CUDA kernels apply.
 
 Element (b, n, i, j) of the [B, N, T, S] probabilities (n the query head) is

@@ -2,7 +2,7 @@
 
 It is the ground truth that the CPU and CUDA flash-attention kernels are
 tested against, and it follows the mask semantics of
-``cpp/kernels/attention/params.h``.
+``cpp/contract/attention.h``.
 """
 
 from __future__ import annotations

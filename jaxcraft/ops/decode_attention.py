@@ -5,7 +5,7 @@ Flow: `decode_attention` (checks, defaults, no-gradient rule) -> `_fwd_p`
 `_ffi.DECODE_ATTENTION_FWD`, cpp/ffi/decode_attention.cc). The pure-JAX
 reference lives in decode_attention_reference.py; the semantics (positions,
 masks, clamped lengths, bad pages) are spelled out in
-cpp/kernels/decode/params.h.
+cpp/contract/decode.h.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Pure-JAX reference for jaxcraft's decode attention (the `implementation="xla"`
 path), and the ground truth the CPU and CUDA kernels are tested against. It
-follows the semantics of cpp/kernels/decode/params.h."""
+follows the semantics of cpp/contract/decode.h."""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ F32 = jnp.float32
 I32 = jnp.int32
 _INT32_MAX = np.iinfo(np.int32).max
 
-# jnp.take's modes -> `enum class EmbeddingMode` in cpp/kernels/embedding/params.h.
+# jnp.take's modes -> `enum class EmbeddingMode` in cpp/contract/embedding.h.
 MODES = {"fill": 0, "clip": 1, "wrap": 2}
 
 
@@ -83,7 +83,7 @@ def embedding_lookup_reference(table, ids, *, mode=None, fill_value=None):
 
 def table_rows(ids, rows: int, mode: str):
   """The table row each id reads, as the kernels compute it (`embedding_row`
-  in params.h), with `rows` where an id reads none (fill mode, out of range)."""
+  in contract/embedding.h), with `rows` where an id reads none (fill mode, out of range)."""
   if mode == "clip":
     return jnp.clip(ids, 0, rows - 1)
   if mode == "wrap":
@@ -140,13 +140,13 @@ _fwd_kernel_p = _primitive.kernel_primitive(
 
 
 def _scratch_shape(dout, sorted_rows):
-  """The fast CUDA path's float32 sums for 16-bit tables (see params.h)."""
+  """The fast CUDA path's float32 sums for 16-bit tables (see contract/embedding.h)."""
   fast = sorted_rows.shape[0] == 0
   return tuple(dout.shape) if fast and dout.dtype != F32 else (0,)
 
 
 def _index_shape(rows, ids):
-  """The kernels' int32 row index scratch (params.h: embedding_index_entries)."""
+  """The kernels' int32 row index scratch (contract/embedding.h: embedding_index_entries)."""
   return (3 * rows + 1 + ids.shape[0],)
 
 

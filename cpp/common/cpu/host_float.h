@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "contract/dtype.h"
+
 namespace jaxcraft {
 
 struct bf16_t { uint16_t bits; };
@@ -66,6 +68,12 @@ template <> inline f16_t from_float<f16_t>(float f) {
                        : abs < 0x38800000u  ? small
                                             : normal;
   return f16_t{static_cast<uint16_t>(sign | mag)};
+}
+
+// dispatch_dtype over the CPU's storage types.
+template <typename Fn>
+void dispatch_cpu_dtype(DType dtype, Fn&& fn) {
+  dispatch_dtype<bf16_t, f16_t>(dtype, fn);
 }
 
 }  // namespace jaxcraft

@@ -3,6 +3,9 @@
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "contract/dtype.h"
 
 namespace jaxcraft {
 
@@ -16,5 +19,11 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(flo
   return __float2bfloat16_rn(x);
 }
 template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+
+// dispatch_dtype over CUDA's storage types; cudaErrorInvalidValue outside the enum.
+template <typename Fn>
+cudaError_t dispatch_cuda_dtype(DType dtype, Fn&& fn) {
+  return dispatch_dtype<__nv_bfloat16, __half>(dtype, fn, cudaErrorInvalidValue);
+}
 
 }  // namespace jaxcraft

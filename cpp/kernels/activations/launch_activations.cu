@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "common/cuda/convert.cuh"
 #include "common/cuda/vector_access.h"
 #include "kernels/activations/activation_kernels.cuh"
 #include "kernels/activations/launch.h"
@@ -134,12 +135,7 @@ cudaError_t bwd_typed(const ActivationBwdParams& p, cudaStream_t stream) {
 
 cudaError_t launch_activation_fwd(const ActivationFwdParams& p, cudaStream_t stream) {
   if (p.rows == 0 || p.cols == 0) return cudaSuccess;
-  switch (p.dtype) {
-    case DType::kF32: return fwd_typed<float>(p, stream);
-    case DType::kBF16: return fwd_typed<__nv_bfloat16>(p, stream);
-    case DType::kF16: return fwd_typed<__half>(p, stream);
-  }
-  return cudaErrorInvalidValue;
+  return dispatch_cuda_dtype(p.dtype, [&](auto x) { return fwd_typed<decltype(x)>(p, stream); });
 }
 
 cudaError_t launch_activation_bwd(const ActivationBwdParams& p, cudaStream_t stream) {
@@ -151,12 +147,7 @@ cudaError_t launch_activation_bwd(const ActivationBwdParams& p, cudaStream_t str
       cudaMemsetAsync(p.dbias_partial, 0, sizeof(float) * p.num_partials * p.cols, stream);
     return cudaGetLastError();
   }
-  switch (p.dtype) {
-    case DType::kF32: return bwd_typed<float>(p, stream);
-    case DType::kBF16: return bwd_typed<__nv_bfloat16>(p, stream);
-    case DType::kF16: return bwd_typed<__half>(p, stream);
-  }
-  return cudaErrorInvalidValue;
+  return dispatch_cuda_dtype(p.dtype, [&](auto x) { return bwd_typed<decltype(x)>(p, stream); });
 }
 
 }  // namespace jaxcraft

@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
+#include "common/cuda/convert.cuh"
 #include "common/cuda/device_cache.h"
 #include "kernels/decode/combine_kernel.cuh"
 #include "kernels/decode/launch.h"
@@ -163,12 +165,10 @@ const char* decode_attention_cuda_unsupported(const DecodeParams& p) {
 cudaError_t launch_decode_attention(const DecodeParams& p, cudaStream_t stream) {
   if (decode_attention_cuda_unsupported(p) != nullptr) return cudaErrorInvalidValue;
   if (p.batch * p.seqlen_q * p.num_heads * p.head_dim == 0) return cudaSuccess;
-  switch (p.dtype) {
-    case DType::kBF16: return run_mma<__nv_bfloat16>(p, stream);
-    case DType::kF16: return run_mma<__half>(p, stream);
-    case DType::kF32: return run_simt(p, stream);
-  }
-  return cudaErrorInvalidValue;
+  return dispatch_cuda_dtype(p.dtype, [&](auto x) {
+    if constexpr (std::is_same_v<decltype(x), float>) return run_simt(p, stream);
+    else return run_mma<decltype(x)>(p, stream);
+  });
 }
 
 }  // namespace jaxcraft

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "common/cuda/convert.cuh"
 #include "common/cuda/vector_access.h"
 #include "kernels/embedding/embedding_kernels.cuh"
 #include "kernels/embedding/launch.h"
@@ -110,12 +111,7 @@ cudaError_t bwd_typed(const EmbeddingBwdParams& p, cudaStream_t stream) {
 cudaError_t launch_embedding_fwd(const EmbeddingFwdParams& p, cudaStream_t stream) {
   if (p.num_ids == 0 || p.dim == 0) return cudaSuccess;
   if (p.rows < 1) return cudaErrorInvalidValue;
-  switch (p.dtype) {
-    case DType::kF32: return fwd_typed<float>(p, stream);
-    case DType::kBF16: return fwd_typed<__nv_bfloat16>(p, stream);
-    case DType::kF16: return fwd_typed<__half>(p, stream);
-  }
-  return cudaErrorInvalidValue;
+  return dispatch_cuda_dtype(p.dtype, [&](auto x) { return fwd_typed<decltype(x)>(p, stream); });
 }
 
 cudaError_t launch_embedding_bwd(const EmbeddingBwdParams& p, cudaStream_t stream) {
@@ -127,12 +123,7 @@ cudaError_t launch_embedding_bwd(const EmbeddingBwdParams& p, cudaStream_t strea
     return cudaGetLastError();
   }
   if (p.sorted_rows && (!p.order || !p.row_index)) return cudaErrorInvalidValue;
-  switch (p.dtype) {
-    case DType::kF32: return bwd_typed<float>(p, stream);
-    case DType::kBF16: return bwd_typed<__nv_bfloat16>(p, stream);
-    case DType::kF16: return bwd_typed<__half>(p, stream);
-  }
-  return cudaErrorInvalidValue;
+  return dispatch_cuda_dtype(p.dtype, [&](auto x) { return bwd_typed<decltype(x)>(p, stream); });
 }
 
 }  // namespace jaxcraft

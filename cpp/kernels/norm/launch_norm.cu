@@ -8,6 +8,7 @@
 #include <initializer_list>
 
 #include "common/cuda/cluster_launch.h"
+#include "common/cuda/convert.cuh"
 #include "common/cuda/device_cache.h"
 #include "common/cuda/vector_access.h"
 #include "kernels/norm/launch.h"
@@ -180,12 +181,7 @@ cudaError_t bwd_typed(const NormBwdParams& p, cudaStream_t stream) {
 
 cudaError_t launch_norm_fwd(const NormFwdParams& p, cudaStream_t stream) {
   if (p.rows == 0 || p.cols == 0) return cudaSuccess;
-  switch (p.dtype) {
-    case DType::kF32: return fwd_typed<float>(p, stream);
-    case DType::kBF16: return fwd_typed<__nv_bfloat16>(p, stream);
-    case DType::kF16: return fwd_typed<__half>(p, stream);
-  }
-  return cudaErrorInvalidValue;
+  return dispatch_cuda_dtype(p.dtype, [&](auto x) { return fwd_typed<decltype(x)>(p, stream); });
 }
 
 cudaError_t launch_norm_bwd(const NormBwdParams& p, cudaStream_t stream) {
@@ -197,12 +193,7 @@ cudaError_t launch_norm_bwd(const NormBwdParams& p, cudaStream_t stream) {
     if (p.dbias_partial) cudaMemsetAsync(p.dbias_partial, 0, bytes, stream);
     return cudaGetLastError();
   }
-  switch (p.dtype) {
-    case DType::kF32: return bwd_typed<float>(p, stream);
-    case DType::kBF16: return bwd_typed<__nv_bfloat16>(p, stream);
-    case DType::kF16: return bwd_typed<__half>(p, stream);
-  }
-  return cudaErrorInvalidValue;
+  return dispatch_cuda_dtype(p.dtype, [&](auto x) { return bwd_typed<decltype(x)>(p, stream); });
 }
 
 }  // namespace jaxcraft
