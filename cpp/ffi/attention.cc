@@ -13,25 +13,89 @@
 namespace jaxcraft {
 namespace {
 
-struct MaskAttrs {
+// Operand positions, in the order jaxcraft/ops/attention.py passes them
+// (`_KERNEL_OPTIONAL` there for the optional ones): the forward's q, k, v, the
+// backward's q, k, v, o, lse, dO, then in both the optional operands, each a
+// zero-sized buffer when absent: the lengths [B]; bias and mask [1|B, 1|N, T,
+// S]; segment ids [B, T] / [B, S] and their tile ranges; the dropout key
+// (uint32 [2]).
+enum FwdOperand : size_t { kFwdQ, kFwdK, kFwdV, kFwdOptional };
+enum BwdOperand : size_t { kBwdQ, kBwdK, kBwdV, kBwdO, kBwdLse, kBwdDo, kBwdOptional };
+enum OptionalOperand : size_t {
+  kQLengths, kKvLengths, kBias, kMask, kQSegmentIds, kKvSegmentIds, kSegmentKeyRange,
+  kSegmentQueryRange, kDropoutKey, kNumOptional
+};
+enum FwdResult : size_t { kFwdOut, kFwdLse, kFwdTileCounter, kNumFwdResults };
+enum BwdResult : size_t { kBwdDq, kBwdDk, kBwdDv, kBwdDelta, kBwdDqAccum, kBwdDbias, kNumBwdResults };
+
+// The attributes (ffi_attrs in jaxcraft/ops/attention.py), decoded by name.
+struct AttentionAttrs {
+  float scale;
   bool causal;
   int64_t offset, window_left, window_right;
-};
-
-struct ScoreAttrs {
   float softcap, dropout_rate;
   bool dropout_broadcast;
 };
 
-// The optional operands after the lengths, each a zero-sized buffer when
-// absent: bias and mask [1|B, 1|N, T, S]; segment ids [B, T] / [B, S] and
-// their tile ranges; the dropout key (uint32 [2]).
-struct Extras {
+struct AttentionBwdAttrs {
+  AttentionAttrs common;
+  bool deterministic;
+};
+
+// Reads operands by position; the first one that fails to decode (a wrong
+// dtype, or one missing) is kept for error().
+class OperandReader {
+ public:
+  OperandReader(const ffi::RemainingArgs& args, const ffi::RemainingRets& rets)
+      : args_(args), rets_(rets) {}
+  template <typename T>
+  std::optional<T> arg(size_t i) { return keep(args_.get<T>(i)); }
+  // A result's buffer (a view: writing through a copy writes the result).
+  template <typename T>
+  std::optional<T> ret(size_t i) {
+    auto result = keep(rets_.get<T>(i));
+    if (!result) return std::nullopt;
+    return **result;
+  }
+  size_t num_args() const { return args_.size(); }
+  size_t num_rets() const { return rets_.size(); }
+  ffi::Error error() const { return error_ ? *error_ : ffi::Error::Success(); }
+
+ private:
+  template <typename T>
+  std::optional<T> keep(ffi::ErrorOr<T> r) {
+    if (r.has_value()) return std::move(r.value());
+    if (!error_) error_ = r.error();
+    return std::nullopt;
+  }
+  const ffi::RemainingArgs& args_;
+  const ffi::RemainingRets& rets_;
+  std::optional<ffi::Error> error_;
+};
+
+struct Optional {
+  ffi::Buffer<ffi::S32> q_lengths, kv_lengths;
   ffi::AnyBuffer bias;
   ffi::Buffer<ffi::PRED> mask;
   ffi::Buffer<ffi::S32> q_segment_ids, kv_segment_ids, segment_key_range, segment_query_range;
   ffi::Buffer<ffi::U32> dropout_key;
 };
+
+// The optional operands from position `first` on.
+std::optional<Optional> read_optional(OperandReader& r, size_t first) {
+  auto s32 = [&](size_t i) { return r.arg<ffi::Buffer<ffi::S32>>(first + i); };
+  auto q_lengths = s32(kQLengths), kv_lengths = s32(kKvLengths);
+  auto bias = r.arg<ffi::AnyBuffer>(first + kBias);
+  auto mask = r.arg<ffi::Buffer<ffi::PRED>>(first + kMask);
+  auto q_seg = s32(kQSegmentIds), kv_seg = s32(kKvSegmentIds);
+  auto key_range = s32(kSegmentKeyRange), query_range = s32(kSegmentQueryRange);
+  auto dropout_key = r.arg<ffi::Buffer<ffi::U32>>(first + kDropoutKey);
+  if (!(q_lengths && kv_lengths && bias && mask && q_seg && kv_seg && key_range && query_range &&
+        dropout_key))
+    return std::nullopt;
+  return Optional{*q_lengths, *kv_lengths, *bias,       *mask,       *q_seg,
+                  *kv_seg,    *key_range,  *query_range, *dropout_key};
+}
 
 ffi::ErrorOr<AttentionShape> shape_of(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
                                       const ffi::AnyBuffer& v) {
@@ -68,8 +132,8 @@ bool broadcast_strides(const Buffer& x, const AttentionShape& s, int64_t* stride
   return true;
 }
 
-ffi::Error fill_extras(const Extras& x, const AttentionShape& s, DType dtype, AttentionMask* m,
-                       AttentionScores* sc) {
+ffi::Error fill_optional(const Optional& x, const AttentionShape& s, DType dtype, AttentionMask* m,
+                         AttentionScores* sc) {
   auto bad = [](const char* what) {
     return ffi::Error::InvalidArgument(std::string("jaxcraft: attention: ") + what);
   };
@@ -116,43 +180,45 @@ ffi::Error fill_extras(const Extras& x, const AttentionShape& s, DType dtype, At
 // The fields the forward and backward share: shape, mask, scores, dtype, q/k/v.
 template <typename Params>
 ffi::Error fill_common(Params& p, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
-                       const ffi::AnyBuffer& v, ffi::Buffer<ffi::S32> q_lengths,
-                       ffi::Buffer<ffi::S32> kv_lengths, const Extras& extras, float scale,
-                       const MaskAttrs& mask, const ScoreAttrs& scores) {
+                       const ffi::AnyBuffer& v, const Optional& optional, const AttentionAttrs& a) {
   auto shape = shape_of(q, k, v);
   if (shape.has_error()) return shape.error();
   const auto dtype = to_dtype(q.element_type());
   if (!dtype) return ffi::Error::InvalidArgument("jaxcraft: attention: q must be float32, bfloat16 or float16");
   p.shape = shape.value();
-  p.mask.causal = mask.causal;
-  p.mask.offset = mask.offset;
-  p.mask.window_left = mask.window_left;
-  p.mask.window_right = mask.window_right;
-  p.mask.q_lengths = static_cast<const int32_t*>(data_or_null(q_lengths));
-  p.mask.kv_lengths = static_cast<const int32_t*>(data_or_null(kv_lengths));
-  p.scores.softcap = scores.softcap;
-  p.scores.dropout_rate = scores.dropout_rate;
-  p.scores.dropout_broadcast = scores.dropout_broadcast;
-  if (auto e = fill_extras(extras, p.shape, *dtype, &p.mask, &p.scores); e.failure()) return e;
+  p.mask.causal = a.causal;
+  p.mask.offset = a.offset;
+  p.mask.window_left = a.window_left;
+  p.mask.window_right = a.window_right;
+  p.mask.q_lengths = static_cast<const int32_t*>(data_or_null(optional.q_lengths));
+  p.mask.kv_lengths = static_cast<const int32_t*>(data_or_null(optional.kv_lengths));
+  p.scores.softcap = a.softcap;
+  p.scores.dropout_rate = a.dropout_rate;
+  p.scores.dropout_broadcast = a.dropout_broadcast;
+  if (auto e = fill_optional(optional, p.shape, *dtype, &p.mask, &p.scores); e.failure()) return e;
   p.dtype = *dtype;
-  p.scale = scale;
+  p.scale = a.scale;
   p.q = q.untyped_data();
   p.k = k.untyped_data();
   p.v = v.untyped_data();
   return ffi::Error::Success();
 }
 
-ffi::ErrorOr<AttentionFwdParams> fwd_params(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                                            ffi::Buffer<ffi::S32> q_lengths,
-                                            ffi::Buffer<ffi::S32> kv_lengths, const Extras& extras,
-                                            ffi::Result<ffi::AnyBuffer> o,
-                                            ffi::Result<ffi::Buffer<ffi::F32>> lse,
-                                            ffi::Result<ffi::Buffer<ffi::U32>> tile_counter,
-                                            float scale, const MaskAttrs& mask,
-                                            const ScoreAttrs& scores) {
+ffi::ErrorOr<AttentionFwdParams> fwd_params(const ffi::RemainingArgs& args,
+                                            const ffi::RemainingRets& rets,
+                                            const AttentionAttrs& attrs) {
+  if (args.size() != kFwdOptional + kNumOptional || rets.size() != kNumFwdResults)
+    return invalid("attention forward: wrong number of operands or results");
+  OperandReader r(args, rets);
+  const auto q = r.arg<ffi::AnyBuffer>(kFwdQ), k = r.arg<ffi::AnyBuffer>(kFwdK),
+             v = r.arg<ffi::AnyBuffer>(kFwdV);
+  const auto optional = read_optional(r, kFwdOptional);
+  const auto o = r.ret<ffi::AnyBuffer>(kFwdOut);
+  const auto lse = r.ret<ffi::Buffer<ffi::F32>>(kFwdLse);
+  const auto tile_counter = r.ret<ffi::Buffer<ffi::U32>>(kFwdTileCounter);
+  if (auto e = r.error(); e.failure()) return ffi::Unexpected<ffi::Error>(std::move(e));
   AttentionFwdParams p;
-  if (auto e = fill_common(p, q, k, v, q_lengths, kv_lengths, extras, scale, mask, scores);
-      e.failure())
+  if (auto e = fill_common(p, *q, *k, *v, *optional, attrs); e.failure())
     return ffi::Unexpected<ffi::Error>(std::move(e));
   p.o = o->untyped_data();
   p.lse = lse->typed_data();
@@ -160,36 +226,44 @@ ffi::ErrorOr<AttentionFwdParams> fwd_params(ffi::AnyBuffer q, ffi::AnyBuffer k, 
   return p;
 }
 
-ffi::ErrorOr<AttentionBwdParams> bwd_params(
-    ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer o,
-    ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer d_o, ffi::Buffer<ffi::S32> q_lengths,
-    ffi::Buffer<ffi::S32> kv_lengths, const Extras& extras, ffi::Result<ffi::AnyBuffer> dq,
-    ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
-    ffi::Result<ffi::Buffer<ffi::F32>> delta, ffi::Result<ffi::Buffer<ffi::F32>> dq_accum,
-    ffi::Result<ffi::AnyBuffer> dbias, float scale, const MaskAttrs& mask,
-    const ScoreAttrs& scores, bool deterministic) {
+ffi::ErrorOr<AttentionBwdParams> bwd_params(const ffi::RemainingArgs& args,
+                                            const ffi::RemainingRets& rets,
+                                            const AttentionBwdAttrs& attrs) {
+  if (args.size() != kBwdOptional + kNumOptional || rets.size() != kNumBwdResults)
+    return invalid("attention backward: wrong number of operands or results");
+  OperandReader r(args, rets);
+  const auto q = r.arg<ffi::AnyBuffer>(kBwdQ), k = r.arg<ffi::AnyBuffer>(kBwdK),
+             v = r.arg<ffi::AnyBuffer>(kBwdV), o = r.arg<ffi::AnyBuffer>(kBwdO),
+             d_o = r.arg<ffi::AnyBuffer>(kBwdDo);
+  const auto lse = r.arg<ffi::Buffer<ffi::F32>>(kBwdLse);
+  const auto optional = read_optional(r, kBwdOptional);
+  const auto dq = r.ret<ffi::AnyBuffer>(kBwdDq), dk = r.ret<ffi::AnyBuffer>(kBwdDk),
+             dv = r.ret<ffi::AnyBuffer>(kBwdDv), dbias = r.ret<ffi::AnyBuffer>(kBwdDbias);
+  const auto delta = r.ret<ffi::Buffer<ffi::F32>>(kBwdDelta),
+             dq_accum = r.ret<ffi::Buffer<ffi::F32>>(kBwdDqAccum);
+  if (auto e = r.error(); e.failure()) return ffi::Unexpected<ffi::Error>(std::move(e));
   AttentionBwdParams p;
-  if (auto e = fill_common(p, q, k, v, q_lengths, kv_lengths, extras, scale, mask, scores);
-      e.failure())
+  if (auto e = fill_common(p, *q, *k, *v, *optional, attrs.common); e.failure())
     return ffi::Unexpected<ffi::Error>(std::move(e));
-  p.deterministic = deterministic;
-  p.o = o.untyped_data();
-  p.lse = lse.typed_data();
-  p.d_o = d_o.untyped_data();
+  p.deterministic = attrs.deterministic;
+  p.o = o->untyped_data();
+  p.lse = lse->typed_data();
+  p.d_o = d_o->untyped_data();
   p.dq = dq->untyped_data();
   p.dk = dk->untyped_data();
   p.dv = dv->untyped_data();
   p.delta = delta->typed_data();
   p.dq_accum = static_cast<float*>(data_or_null(*dq_accum));
-  if (!deterministic && !p.dq_accum && p.shape.seqlen_q > 0)
+  if (!p.deterministic && !p.dq_accum && p.shape.seqlen_q > 0)
     return invalid("attention backward: the atomic dQ path needs the dq_accum scratch");
   if (p.scores.bias) {
-    if (dbias->element_count() != extras.bias.element_count())
+    const ffi::AnyBuffer& bias = optional->bias;
+    if (dbias->element_count() != bias.element_count())
       return invalid("attention backward: dbias must have the bias's shape");
     // float32, or the bias's own dtype where each element has one writer.
     p.dbias_f32 = dbias->element_type() == ffi::F32;
     if (!p.dbias_f32 &&
-        (dbias->element_type() != extras.bias.element_type() || dbias_shared(p.scores, p.shape)))
+        (dbias->element_type() != bias.element_type() || dbias_shared(p.scores, p.shape)))
       return invalid("attention backward: dbias must be float32, or the bias's dtype when the "
                      "bias broadcasts over no batch or head axis");
     p.dbias = dbias->untyped_data();
@@ -197,108 +271,25 @@ ffi::ErrorOr<AttentionBwdParams> bwd_params(
   return p;
 }
 
-// Argument lists shared by the CPU and CUDA handlers; `b` carries what comes
-// first (the thread pool on CPU, the stream on CUDA).
-template <typename Binding>
-auto with_extras(Binding b) {
-  return std::move(b)
-      .template Arg<ffi::AnyBuffer>()           // bias
-      .template Arg<ffi::Buffer<ffi::PRED>>()   // mask
-      .template Arg<ffi::Buffer<ffi::S32>>()    // q segment ids
-      .template Arg<ffi::Buffer<ffi::S32>>()    // kv segment ids
-      .template Arg<ffi::Buffer<ffi::S32>>()    // segment key ranges
-      .template Arg<ffi::Buffer<ffi::S32>>()    // segment query ranges
-      .template Arg<ffi::Buffer<ffi::U32>>();   // dropout key
+// The handlers' signature beyond the context (the thread pool on CPU, the
+// stream on CUDA): every operand and result by position, the attributes by name.
+template <typename Attrs, typename Binding>
+auto operands_and_attrs(Binding b) {
+  return std::move(b).RemainingArgs().RemainingRets().template Attrs<Attrs>();
 }
 
-template <typename Binding>
-auto with_attrs(Binding b) {
-  return std::move(b)
-      .template Attr<float>("scale")
-      .template Attr<bool>("causal")
-      .template Attr<int64_t>("offset")
-      .template Attr<int64_t>("window_left")
-      .template Attr<int64_t>("window_right")
-      .template Attr<float>("softcap")
-      .template Attr<float>("dropout_rate")
-      .template Attr<bool>("dropout_broadcast");
-}
-
-template <typename Binding>
-auto fwd_binding(Binding b) {
-  return with_attrs(with_extras(std::move(b)
-                                    .template Arg<ffi::AnyBuffer>()           // q
-                                    .template Arg<ffi::AnyBuffer>()           // k
-                                    .template Arg<ffi::AnyBuffer>()           // v
-                                    .template Arg<ffi::Buffer<ffi::S32>>()    // q lengths
-                                    .template Arg<ffi::Buffer<ffi::S32>>())   // kv lengths
-                        .template Ret<ffi::AnyBuffer>()                        // o
-                        .template Ret<ffi::Buffer<ffi::F32>>()                 // lse
-                        .template Ret<ffi::Buffer<ffi::U32>>());               // scratch: tile counter
-}
-
-template <typename Binding>
-auto bwd_binding(Binding b) {
-  return with_attrs(with_extras(std::move(b)
-                                    .template Arg<ffi::AnyBuffer>()           // q
-                                    .template Arg<ffi::AnyBuffer>()           // k
-                                    .template Arg<ffi::AnyBuffer>()           // v
-                                    .template Arg<ffi::AnyBuffer>()           // o
-                                    .template Arg<ffi::Buffer<ffi::F32>>()    // lse
-                                    .template Arg<ffi::AnyBuffer>()           // dO
-                                    .template Arg<ffi::Buffer<ffi::S32>>()    // q lengths
-                                    .template Arg<ffi::Buffer<ffi::S32>>())   // kv lengths
-                        .template Ret<ffi::AnyBuffer>()                        // dq
-                        .template Ret<ffi::AnyBuffer>()                        // dk
-                        .template Ret<ffi::AnyBuffer>()                        // dv
-                        .template Ret<ffi::Buffer<ffi::F32>>()                 // scratch: delta
-                        .template Ret<ffi::Buffer<ffi::F32>>()                 // scratch: dq_accum
-                        .template Ret<ffi::AnyBuffer>())                       // dbias
-      .template Attr<bool>("deterministic");
-}
-
-#define JAXCRAFT_EXTRA_ARGS                                                                     \
-  ffi::AnyBuffer bias, ffi::Buffer<ffi::PRED> mask, ffi::Buffer<ffi::S32> q_segment_ids,       \
-      ffi::Buffer<ffi::S32> kv_segment_ids, ffi::Buffer<ffi::S32> segment_key_range,           \
-      ffi::Buffer<ffi::S32> segment_query_range, ffi::Buffer<ffi::U32> dropout_key
-#define JAXCRAFT_ATTRS                                                                          \
-  float scale, bool causal, int64_t offset, int64_t window_left, int64_t window_right,         \
-      float softcap, float dropout_rate, bool dropout_broadcast
-#define JAXCRAFT_FWD_ARGS                                                                    \
-  ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Buffer<ffi::S32> q_lengths,     \
-      ffi::Buffer<ffi::S32> kv_lengths, JAXCRAFT_EXTRA_ARGS, ffi::Result<ffi::AnyBuffer> o,  \
-      ffi::Result<ffi::Buffer<ffi::F32>> lse, ffi::Result<ffi::Buffer<ffi::U32>> tile_counter, \
-      JAXCRAFT_ATTRS
-#define JAXCRAFT_BWD_ARGS                                                                    \
-  ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer o,                    \
-      ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer d_o, ffi::Buffer<ffi::S32> q_lengths,        \
-      ffi::Buffer<ffi::S32> kv_lengths, JAXCRAFT_EXTRA_ARGS, ffi::Result<ffi::AnyBuffer> dq, \
-      ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,                        \
-      ffi::Result<ffi::Buffer<ffi::F32>> delta, ffi::Result<ffi::Buffer<ffi::F32>> dq_accum, \
-      ffi::Result<ffi::AnyBuffer> dbias, JAXCRAFT_ATTRS, bool deterministic
-#define JAXCRAFT_EXTRAS                                                                   \
-  Extras{bias, mask, q_segment_ids, kv_segment_ids, segment_key_range, segment_query_range, \
-         dropout_key}
-#define JAXCRAFT_MASK_AND_SCORES                      \
-  MaskAttrs{causal, offset, window_left, window_right}, \
-      ScoreAttrs{softcap, dropout_rate, dropout_broadcast}
-#define JAXCRAFT_FWD_PARAMS \
-  fwd_params(q, k, v, q_lengths, kv_lengths, JAXCRAFT_EXTRAS, o, lse, tile_counter, scale, \
-             JAXCRAFT_MASK_AND_SCORES)
-#define JAXCRAFT_BWD_PARAMS                                                                  \
-  bwd_params(q, k, v, o, lse, d_o, q_lengths, kv_lengths, JAXCRAFT_EXTRAS, dq, dk, dv, delta, \
-             dq_accum, dbias, scale, JAXCRAFT_MASK_AND_SCORES, deterministic)
-
-ffi::Error attention_fwd_cpu_impl(ffi::ThreadPool pool, JAXCRAFT_FWD_ARGS) {
-  auto p = JAXCRAFT_FWD_PARAMS;
+ffi::Error attention_fwd_cpu_impl(ffi::ThreadPool pool, ffi::RemainingArgs args,
+                                  ffi::RemainingRets rets, AttentionAttrs attrs) {
+  auto p = fwd_params(args, rets, attrs);
   if (p.has_error()) return p.error();
   FfiTaskRunner runner(pool);
   attention_fwd_cpu(p.value(), &runner);
   return ffi::Error::Success();
 }
 
-ffi::Error attention_bwd_cpu_impl(ffi::ThreadPool pool, JAXCRAFT_BWD_ARGS) {
-  auto p = JAXCRAFT_BWD_PARAMS;
+ffi::Error attention_bwd_cpu_impl(ffi::ThreadPool pool, ffi::RemainingArgs args,
+                                  ffi::RemainingRets rets, AttentionBwdAttrs attrs) {
+  auto p = bwd_params(args, rets, attrs);
   if (p.has_error()) return p.error();
   FfiTaskRunner runner(pool);
   attention_bwd_cpu(p.value(), &runner);
@@ -312,15 +303,17 @@ ffi::Error unsupported_on_cuda(const AttentionShape& s, DType dtype) {
   return ffi::Error::Success();
 }
 
-ffi::Error attention_fwd_cuda_impl(cudaStream_t stream, JAXCRAFT_FWD_ARGS) {
-  auto p = JAXCRAFT_FWD_PARAMS;
+ffi::Error attention_fwd_cuda_impl(cudaStream_t stream, ffi::RemainingArgs args,
+                                   ffi::RemainingRets rets, AttentionAttrs attrs) {
+  auto p = fwd_params(args, rets, attrs);
   if (p.has_error()) return p.error();
   if (auto e = unsupported_on_cuda(p.value().shape, p.value().dtype); e.failure()) return e;
   return cuda_error(launch_attention_fwd(p.value(), stream), "attention forward launch");
 }
 
-ffi::Error attention_bwd_cuda_impl(cudaStream_t stream, JAXCRAFT_BWD_ARGS) {
-  auto p = JAXCRAFT_BWD_PARAMS;
+ffi::Error attention_bwd_cuda_impl(cudaStream_t stream, ffi::RemainingArgs args,
+                                   ffi::RemainingRets rets, AttentionBwdAttrs attrs) {
+  auto p = bwd_params(args, rets, attrs);
   if (p.has_error()) return p.error();
   if (auto e = unsupported_on_cuda(p.value().shape, p.value().dtype); e.failure()) return e;
   return cuda_error(launch_attention_bwd(p.value(), stream), "attention backward launch");
@@ -332,17 +325,30 @@ ffi::Error attention_bwd_cuda_impl(cudaStream_t stream, JAXCRAFT_BWD_ARGS) {
 
 namespace ffi = xla::ffi;
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxcraft_attention_fwd_v3_cpu, jaxcraft::attention_fwd_cpu_impl,
-                              jaxcraft::fwd_binding(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxcraft_attention_bwd_v2_cpu, jaxcraft::attention_bwd_cpu_impl,
-                              jaxcraft::bwd_binding(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
+#define JAXCRAFT_ATTENTION_ATTRS                                                           \
+  ffi::StructMember<float>("scale"), ffi::StructMember<bool>("causal"),                    \
+      ffi::StructMember<int64_t>("offset"), ffi::StructMember<int64_t>("window_left"),     \
+      ffi::StructMember<int64_t>("window_right"), ffi::StructMember<float>("softcap"),     \
+      ffi::StructMember<float>("dropout_rate"), ffi::StructMember<bool>("dropout_broadcast")
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jaxcraft::AttentionAttrs, JAXCRAFT_ATTENTION_ATTRS);
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jaxcraft::AttentionBwdAttrs, JAXCRAFT_ATTENTION_ATTRS,
+                                      ffi::StructMember<bool>("deterministic"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    jaxcraft_attention_fwd_v3_cpu, jaxcraft::attention_fwd_cpu_impl,
+    jaxcraft::operands_and_attrs<jaxcraft::AttentionAttrs>(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    jaxcraft_attention_bwd_v2_cpu, jaxcraft::attention_bwd_cpu_impl,
+    jaxcraft::operands_and_attrs<jaxcraft::AttentionBwdAttrs>(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
 #ifdef JAXCRAFT_WITH_CUDA
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     jaxcraft_attention_fwd_v3_cuda, jaxcraft::attention_fwd_cuda_impl,
-    jaxcraft::fwd_binding(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()),
+    jaxcraft::operands_and_attrs<jaxcraft::AttentionAttrs>(
+        ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()),
     {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     jaxcraft_attention_bwd_v2_cuda, jaxcraft::attention_bwd_cuda_impl,
-    jaxcraft::bwd_binding(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()),
+    jaxcraft::operands_and_attrs<jaxcraft::AttentionBwdAttrs>(
+        ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()),
     {ffi::Traits::kCmdBufferCompatible});
 #endif
