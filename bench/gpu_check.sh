@@ -49,7 +49,7 @@ build_attn_standalone() {  # /tmp/attn_test.bin: the attention standalone test
   nvcc_attn() { nvcc -std=c++17 -O3 --expt-relaxed-constexpr -lineinfo -Icpp \
     -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a "$@"; }
   export -f nvcc_attn
-  step standalone_build bash -c "ls $att/*.cu $att/sm90/*.cu | xargs -P 16 -I{} bash -c \
+  step standalone_build bash -c "ls $att/*.cu $att/sm90/*.cu tests/cuda/attention.cu | xargs -P 16 -I{} bash -c \
     'nvcc_attn -c {} -o $obj/\$(echo {} | tr / _).o' && nvcc_attn $obj/*.o -o /tmp/attn_test.bin"
 }
 if stage standalone; then
@@ -78,7 +78,7 @@ for op in activations embedding softmax norm; do
   if stage "standalone_$op"; then
     step "${op}_standalone_build" nvcc -std=c++17 -O3 --expt-relaxed-constexpr -Icpp \
       -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a \
-      "cpp/kernels/$op/standalone_test.cu" "cpp/kernels/$op/launch_$op.cu" -o "/tmp/${op}_test.bin"
+      "tests/cuda/$op.cu" "cpp/kernels/$op/launch_$op.cu" -o "/tmp/${op}_test.bin"
     step "${op}_standalone_run" "/tmp/${op}_test.bin"
     if [[ $op == softmax || $op == norm ]]; then  # shared-memory rings; the warp kernels' barriers
       for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
@@ -93,7 +93,7 @@ if stage standalone_decode; then
   # the benchmark shapes beside the read-only ceiling, compute-sanitizer.
   step decode_standalone_build nvcc -std=c++17 -O3 --expt-relaxed-constexpr -Icpp \
     -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a \
-    cpp/kernels/decode/standalone_test.cu cpp/kernels/decode/launch_decode.cu -o /tmp/decode_test.bin
+    tests/cuda/decode.cu cpp/kernels/decode/launch_decode.cu -o /tmp/decode_test.bin
   step decode_standalone_run /tmp/decode_test.bin bench
   for tool in memcheck racecheck synccheck; do
     step "decode_sanitize_$tool" compute-sanitizer --tool "$tool" --error-exitcode 1 /tmp/decode_test.bin
@@ -119,7 +119,7 @@ if stage profile_softmax; then
   # test (its first timed shape): the details page and per-instruction stall
   # samples (SASS with source lines).
   step softmax_profile_build nvcc -std=c++17 -O3 --expt-relaxed-constexpr -lineinfo -Icpp \
-    -gencode=arch=compute_90a,code=sm_90a cpp/kernels/softmax/standalone_test.cu \
+    -gencode=arch=compute_90a,code=sm_90a tests/cuda/softmax.cu \
     cpp/kernels/softmax/launch_softmax.cu -o /tmp/softmax_profile.bin
   step profile_softmax ncu --kernel-name-base mangled --kernel-name regex:softmax_fwd_rows_kernel \
     --launch-skip 2 --launch-count 1 --set full --import-source yes -f -o /tmp/softmax_profile \

@@ -97,6 +97,15 @@ def warn_cuda_kernels_missing() -> None:
   warnings.warn(cuda_kernels_missing(), RuntimeWarning, stacklevel=2)
 
 
+def cuda_unsupported(op: str, **inputs) -> str | None:
+  """Why the CUDA kernels of `op` cannot take these inputs (None: they can),
+  by the rule the handlers apply (`<op>_cuda_unsupported`, cpp/contract/)."""
+  ext = _extension()
+  if ext is None:
+    return f"the jaxcraft extension did not load ({extension_error()})"
+  return getattr(ext, f"{op}_cuda_unsupported")(**inputs)
+
+
 def extension_error() -> str | None:
   """Why the extension failed to import, for error messages (None if it loaded)."""
   try:

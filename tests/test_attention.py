@@ -118,6 +118,18 @@ def test_odd_head_dims(platform, head_dim):
     _attn("cuda", q, k, v)
 
 
+def test_cuda_support_is_the_extensions_rule():
+  # Python asks the C++ rule the handlers apply; on any platform.
+  from jaxcraft.ops.attention import cuda_unsupported
+  assert cuda_unsupported((2, 16, 4, 64), (2, 20, 2, 64), jnp.bfloat16) is None
+  assert cuda_unsupported((2, 16, 4, 256), (2, 20, 2, 256), jnp.float16) is None
+  assert "multiple of 8; got 13" in cuda_unsupported((2, 16, 4, 13), (2, 20, 2, 13), jnp.bfloat16)
+  assert "<= 256" in cuda_unsupported((2, 16, 4, 264), (2, 20, 2, 264), jnp.bfloat16)
+  assert "bfloat16 or float16" in cuda_unsupported((2, 16, 4, 64), (2, 20, 2, 64), jnp.float32)
+  assert "65535" in cuda_unsupported((70000, 1, 4, 64), (70000, 1, 2, 64), jnp.bfloat16)
+  assert "2^28" in cuda_unsupported((1, 2**28 + 1, 1, 64), (1, 8, 1, 64), jnp.bfloat16)
+
+
 @pytest.mark.parametrize("window", [3, (5, 0), (0, 9), (20, 7)])
 @pytest.mark.parametrize("alignment", ["top_left", "bottom_right"])
 def test_windows(platform, window, alignment):

@@ -442,6 +442,15 @@ def test_bad_input():
                                 args["lengths"], block_tables=args["tables"], **kw)
 
 
+def test_cuda_support_is_the_extensions_rule():
+  from jaxcraft.ops.decode_attention import _cuda_unsupported
+  assert _cuda_unsupported(128, cache_rows=4096, capacity=4096) is None
+  assert "multiple of 8; got 20" in _cuda_unsupported(20, cache_rows=16, capacity=16)
+  assert "<= 256" in _cuda_unsupported(264, cache_rows=16, capacity=16)
+  assert "32-bit" in _cuda_unsupported(128, cache_rows=2**31, capacity=16)
+  assert "32-bit" in _cuda_unsupported(128, cache_rows=16, capacity=2**31)
+
+
 @pytest.mark.gpu
 def test_cuda_rejects_odd_head_dims_clearly():
   q, k, v = _inputs(1, 1, 16, 2, 2, 20, jnp.bfloat16)

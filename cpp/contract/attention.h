@@ -2,6 +2,7 @@
 // read it). Plain data only: no XLA, CUDA or nanobind types.
 #pragma once
 #include <cstdint>
+#include <cstdio>
 
 #include "contract/dtype.h"
 
@@ -121,6 +122,40 @@ struct AttentionBwdParams {
 // head axis of size > 1.
 inline bool dbias_shared(const AttentionScores& s, const AttentionShape& shape) {
   return (s.bias_stride_b == 0 && shape.batch > 1) || (s.bias_stride_n == 0 && shape.num_heads > 1);
+}
+
+// What the CUDA kernels take. Sequence lengths and |offset| up to 2^28 keep
+// every index sum of the mask inside int32; batch and heads index gridDim.y
+// and gridDim.z. Python asks this (jaxcraft._jaxcraft.attention_cuda_unsupported)
+// before it picks the kernels, and the handlers before they launch them.
+constexpr int kAttentionCudaMaxHeadDim = 256;
+constexpr int kAttentionCudaHeadDimMultiple = 8;
+constexpr int64_t kAttentionCudaMaxSeqLen = int64_t(1) << 28;
+constexpr int64_t kAttentionCudaMaxGridYZ = 65535;
+
+// Why the CUDA attention kernels cannot take this input, or null.
+inline const char* attention_cuda_unsupported(const AttentionShape& s, DType dtype) {
+  thread_local char why[160];
+  if (dtype == DType::kF32)
+    return "the CUDA attention kernels take bfloat16 or float16 (float32 inputs use the reference)";
+  if (dtype != DType::kBF16 && dtype != DType::kF16) return "unknown dtype";
+  if (s.batch < 0 || s.seqlen_q < 0 || s.seqlen_k < 0 || s.num_heads < 0 || s.num_kv_heads < 0)
+    return "negative dimension";
+  if (s.head_dim <= 0 || s.head_dim > kAttentionCudaMaxHeadDim ||
+      s.head_dim % kAttentionCudaHeadDimMultiple != 0) {
+    std::snprintf(why, sizeof why,
+                  "the CUDA attention kernels need a head dim <= %d and a multiple of %d; got %lld",
+                  kAttentionCudaMaxHeadDim, kAttentionCudaHeadDimMultiple,
+                  static_cast<long long>(s.head_dim));
+    return why;
+  }
+  if (s.num_kv_heads == 0 ? s.num_heads != 0 : s.num_heads % s.num_kv_heads != 0)
+    return "num_heads is not a multiple of num_kv_heads";
+  if (s.seqlen_q > kAttentionCudaMaxSeqLen || s.seqlen_k > kAttentionCudaMaxSeqLen)
+    return "the CUDA attention kernels take sequences up to 2^28";
+  if (s.batch > kAttentionCudaMaxGridYZ || s.num_heads > kAttentionCudaMaxGridYZ)
+    return "the CUDA attention kernels take a batch and a head count up to 65535";
+  return nullptr;
 }
 
 }  // namespace jaxcraft

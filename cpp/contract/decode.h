@@ -3,6 +3,8 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <limits>
 
 #include "contract/dtype.h"
 
@@ -64,6 +66,34 @@ struct DecodeParams {
 // The valid cache length of sequence b (see above); `len` is kv_lengths[b].
 inline int64_t clamp_kv_length(int64_t len, int64_t capacity) {
   return std::min<int64_t>(std::max<int64_t>(len, 0), capacity);
+}
+
+// What the CUDA decode kernels take: head dims up to 256 in multiples of 8,
+// cache rows addressed with int32. Python asks this
+// (jaxcraft._jaxcraft.decode_attention_cuda_unsupported) before it picks the
+// kernels, and the handler before it launches them.
+constexpr int kDecodeCudaMaxHeadDim = 256;
+constexpr int kDecodeCudaHeadDimMultiple = 8;
+constexpr int64_t kDecodeCudaMaxCacheRows = std::numeric_limits<int32_t>::max();
+
+// Why the CUDA decode kernels cannot take this input, or null: `cache_rows`
+// rows in the cache buffers, `capacity` positions a sequence can address.
+inline const char* decode_attention_cuda_unsupported(int64_t head_dim, int64_t cache_rows,
+                                                     int64_t capacity) {
+  thread_local char why[128];
+  if (head_dim % kDecodeCudaHeadDimMultiple != 0 || head_dim > kDecodeCudaMaxHeadDim) {
+    std::snprintf(why, sizeof why,
+                  "the CUDA decode kernels need a head dim <= %d and a multiple of %d; got %lld",
+                  kDecodeCudaMaxHeadDim, kDecodeCudaHeadDimMultiple, static_cast<long long>(head_dim));
+    return why;
+  }
+  if (std::max(cache_rows, capacity) > kDecodeCudaMaxCacheRows)
+    return "the CUDA decode kernels index cache rows with 32-bit integers; this cache is larger";
+  return nullptr;
+}
+
+inline const char* decode_attention_cuda_unsupported(const DecodeParams& p) {
+  return decode_attention_cuda_unsupported(p.head_dim, p.num_pages * p.page_size, p.capacity());
 }
 
 }  // namespace jaxcraft

@@ -33,8 +33,6 @@ U32 = jnp.uint32
 I32 = jnp.int32
 # The CUDA kernels' limits (cpp/kernels/attention/tile_config.h): head dims are
 # padded up to the next of 32/64/96/128/192/256 and loaded 16 bytes at a time.
-_CUDA_MAX_HEAD_DIM = 256
-_CUDA_HEAD_DIM_MULTIPLE = 8
 _UNBOUNDED = -1  # window bound meaning "no limit" in AttentionMask
 
 
@@ -107,18 +105,16 @@ class _Config:
                                         **self._reference_args(x, (B, N, T, k.shape[1])))
 
 
-def cuda_unsupported(dtype, head_dim) -> str | None:
-  if np.dtype(dtype) == np.float32:
-    return "the CUDA attention kernel takes bfloat16 or float16 (float32 inputs use the reference)"
-  if head_dim > _CUDA_MAX_HEAD_DIM or head_dim % _CUDA_HEAD_DIM_MULTIPLE:
-    return (f"the CUDA attention kernel needs a head dim <= {_CUDA_MAX_HEAD_DIM} and a "
-            f"multiple of {_CUDA_HEAD_DIM_MULTIPLE}; got {head_dim}")
-  return None
+def cuda_unsupported(q_shape, k_shape, dtype) -> str | None:
+  """Why the CUDA kernels cannot take q [B, T, N, H] and k, v [B, S, K, H]."""
+  (B, T, N, H), (S, K) = q_shape, k_shape[1:3]
+  return _ffi.cuda_unsupported("attention", batch=B, seqlen_q=T, seqlen_k=S, num_heads=N,
+                               num_kv_heads=K, head_dim=H, dtype=np.dtype(dtype).name)
 
 
 def _unsupported(platform, avals_in, *, cfg):
-  q = avals_in[0]
-  return cuda_unsupported(q.dtype, q.shape[-1]) if platform == "cuda" else None
+  q, k = avals_in[:2]
+  return cuda_unsupported(q.shape, k.shape, q.dtype) if platform == "cuda" else None
 
 
 # ------------------------------------------------------- kernel primitives
@@ -749,7 +745,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
   dropout_rate, optional["dropout_key"] = _check_dropout(dropout_rate, dropout_rng)
   precision = _checks.precision(precision)
   offset = S - T if causal_alignment == "bottom_right" else 0
-  if implementation == "cuda" and (why := cuda_unsupported(q.dtype, H)):
+  if implementation == "cuda" and (why := cuda_unsupported(q.shape, k.shape, q.dtype)):
     raise ValueError(f"implementation='cuda': {why}")
 
   present = tuple(n for n in _OPTIONAL if optional[n] is not None)

@@ -28,9 +28,6 @@ I32 = jnp.int32
 _UNBOUNDED = -1  # window_left meaning "no window"
 # The CUDA kernels' limits (cpp/kernels/decode/launch_decode.cu): head dims
 # padded up to 64/128/256 and loaded 16 bytes at a time; 32-bit key positions.
-_CUDA_MAX_HEAD_DIM = 256
-_CUDA_HEAD_DIM_MULTIPLE = 8
-_CUDA_MAX_CACHE_ROWS = 2**31 - 1
 
 # The split-K scratch: an upper bound on the splits the CUDA launcher may pick,
 # from shapes alone (it picks from the shape and the SM count, never more than
@@ -86,12 +83,8 @@ def _max_splits(cfg, q_shape, k_shape, tables_shape) -> int:
 
 
 def _cuda_unsupported(head_dim, cache_rows, capacity) -> str | None:
-  if head_dim > _CUDA_MAX_HEAD_DIM or head_dim % _CUDA_HEAD_DIM_MULTIPLE:
-    return (f"the CUDA decode kernels need a head dim <= {_CUDA_MAX_HEAD_DIM} and a multiple "
-            f"of {_CUDA_HEAD_DIM_MULTIPLE}; got {head_dim}")
-  if max(cache_rows, capacity) > _CUDA_MAX_CACHE_ROWS:
-    return "the CUDA decode kernels index cache rows with 32-bit integers; this cache is larger"
-  return None
+  return _ffi.cuda_unsupported("decode_attention", head_dim=head_dim, cache_rows=cache_rows,
+                               capacity=capacity)
 
 
 def _unsupported(platform, avals_in, *, cfg):

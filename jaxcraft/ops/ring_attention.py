@@ -189,7 +189,7 @@ def ring_attention(query, key, value, *, axis_name, is_causal=False, scale=None,
   if implementation in _primitive.KERNEL_PLATFORMS and q_seg is not None:
     raise ValueError(f"implementation={implementation!r}: the attention kernel does not support "
                      "q_segment_ids yet; use implementation=None or 'xla'")
-  if implementation == "cuda" and (why := attention.cuda_unsupported(q.dtype, H)):
+  if implementation == "cuda" and (why := attention.cuda_unsupported(q.shape, k.shape, q.dtype)):
     raise ValueError(f"implementation='cuda': {why}")
 
   ring, reorder = _ring.plan(axis_name, _axis_size(axis_name), causal=is_causal, local_len=T,

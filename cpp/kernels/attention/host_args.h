@@ -12,36 +12,11 @@
 namespace jaxcraft {
 namespace attn {
 
-// Sequence lengths and |offset| up to 2^28 and windows below 2^29 keep every
-// index sum in mask.cuh inside int32; a window of 2^29 or more reaches past
-// every key anyway and becomes unbounded.
-constexpr int64_t kMaxSeqLen = int64_t(1) << 28;
+// |offset| up to 2^28 (kAttentionCudaMaxSeqLen) and windows below 2^29 keep
+// every index sum in mask.cuh inside int32; a window of 2^29 or more reaches
+// past every key anyway and becomes unbounded.
+constexpr int64_t kMaxSeqLen = kAttentionCudaMaxSeqLen;
 constexpr int64_t kMaxWindow = int64_t(1) << 29;
-// Heads and batch index gridDim.y / gridDim.z.
-constexpr int64_t kMaxGridYZ = 65535;
-
-inline const char* shape_unsupported(const AttentionShape& s, DType dtype) {
-  thread_local char why[128];
-  if (dtype == DType::kF32) return "float32 inputs (the CUDA kernels take bfloat16 or float16)";
-  if (dtype != DType::kBF16 && dtype != DType::kF16) return "unknown dtype";
-  if (s.batch < 0 || s.seqlen_q < 0 || s.seqlen_k < 0 || s.num_heads < 0 || s.num_kv_heads < 0)
-    return "negative dimension";
-  if (s.head_dim <= 0 || s.head_dim > kMaxHeadDim) {
-    std::snprintf(why, sizeof why, "head_dim %lld not in [1, %d]",
-                  static_cast<long long>(s.head_dim), kMaxHeadDim);
-    return why;
-  }
-  if (s.head_dim % 8 != 0) {
-    std::snprintf(why, sizeof why, "head_dim %lld is not a multiple of 8",
-                  static_cast<long long>(s.head_dim));
-    return why;
-  }
-  if (s.num_kv_heads == 0 ? s.num_heads != 0 : s.num_heads % s.num_kv_heads != 0)
-    return "num_heads is not a multiple of num_kv_heads";
-  if (s.seqlen_q > kMaxSeqLen || s.seqlen_k > kMaxSeqLen) return "sequence longer than 2^28";
-  if (s.batch > kMaxGridYZ || s.num_heads > kMaxGridYZ) return "batch or num_heads above 65535";
-  return nullptr;
-}
 
 inline bool to_kernel_args(const AttentionShape& s, const AttentionMask& m, ShapeArgs* sa,
                            MaskArgs* ma) {

@@ -83,7 +83,7 @@ cudaError_t run_bwd(const AttentionBwdParams& p, attn::BwdArgs a, cudaStream_t s
 
 cudaError_t launch_attention_bwd(const AttentionBwdParams& p, cudaStream_t stream) {
   const AttentionShape& s = p.shape;
-  if (attn::shape_unsupported(s, p.dtype) != nullptr) return cudaErrorInvalidValue;
+  if (attention_cuda_unsupported(s, p.dtype) != nullptr) return cudaErrorInvalidValue;
   const bool has_queries = s.batch * s.seqlen_q * s.num_heads > 0;
   const bool has_keys = s.batch * s.seqlen_k * s.num_kv_heads > 0;
   if (has_queries && (!p.q || !p.o || !p.d_o || !p.lse || !p.dq || !p.delta ||

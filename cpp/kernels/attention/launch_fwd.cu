@@ -30,13 +30,9 @@ bool try_fwd_sm90(const attn::FwdArgs& a, int bucket, cudaStream_t stream, cudaE
 
 }  // namespace
 
-const char* attention_cuda_unsupported(const AttentionShape& s, DType dtype) {
-  return attn::shape_unsupported(s, dtype);
-}
-
 cudaError_t launch_attention_fwd(const AttentionFwdParams& p, cudaStream_t stream) {
   const AttentionShape& s = p.shape;
-  if (attn::shape_unsupported(s, p.dtype) != nullptr) return cudaErrorInvalidValue;
+  if (attention_cuda_unsupported(s, p.dtype) != nullptr) return cudaErrorInvalidValue;
   if (s.batch == 0 || s.seqlen_q == 0 || s.num_heads == 0) return cudaSuccess;
   const bool has_keys = s.seqlen_k > 0;
   if (!p.q || !p.o || !p.lse || (has_keys && (!p.k || !p.v))) return cudaErrorInvalidValue;

@@ -5,6 +5,7 @@
 // and keeps its accumulators (O or dK/dV or dQ, plus one score tile) in
 // registers, so wider heads get narrower key tiles.
 #pragma once
+#include "contract/attention.h"
 
 namespace jaxcraft {
 namespace attn {
@@ -16,7 +17,7 @@ constexpr int kNumBuckets = 6;
 constexpr int kRegsPerSm = 64 * 1024;
 constexpr int kSmemPerSmSm80 = 164 * 1024;
 constexpr int kSmemReservedPerCta = 1024;
-constexpr int kMaxHeadDim = 256;
+constexpr int kMaxHeadDim = kAttentionCudaMaxHeadDim;
 
 // Head dims are computed at the next bucket width with zero padding.
 constexpr int head_dim_bucket(int head_dim) {

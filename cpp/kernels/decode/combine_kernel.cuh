@@ -24,7 +24,7 @@ namespace decode {
 
 constexpr int kCombineWarps = 8;
 constexpr int kCombineThreads = kCombineWarps * kWarpSize;
-constexpr int kMaxHeadDim = 256;
+constexpr int kMaxHeadDim = kDecodeCudaMaxHeadDim;
 constexpr int kCombineVecs = kMaxHeadDim / (4 * kWarpSize);  // float4s per lane
 constexpr int kSplitsInFlight = 8;                           // per warp (no spills)
 static_assert(kCombineThreads * 4 >= kMaxHeadDim, "one output float4 per thread");

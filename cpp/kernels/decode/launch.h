@@ -9,10 +9,7 @@ namespace jaxcraft {
 // Writes p.o, using p.partial_o / p.partial_lse as split scratch (at most
 // p.max_splits splits). Never allocates or synchronizes; returns the launch
 // error (cudaGetLastError), or cudaErrorInvalidValue for inputs that
-// decode_attention_cuda_unsupported rejects.
+// decode_attention_cuda_unsupported (contract/decode.h) rejects.
 cudaError_t launch_decode_attention(const DecodeParams& p, cudaStream_t stream);
-
-// nullptr when the CUDA kernels handle these inputs, else the reason.
-const char* decode_attention_cuda_unsupported(const DecodeParams& p);
 
 }  // namespace jaxcraft

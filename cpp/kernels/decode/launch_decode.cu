@@ -153,15 +153,6 @@ cudaError_t run_simt(const DecodeParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-const char* decode_attention_cuda_unsupported(const DecodeParams& p) {
-  if (p.head_dim % 8 != 0 || p.head_dim > decode::kMaxHeadDim)
-    return "the CUDA decode kernels need a head dim that is a multiple of 8 and at most 256";
-  constexpr int64_t kMaxPosition = std::numeric_limits<int32_t>::max();
-  if (p.capacity() > kMaxPosition || p.num_pages * p.page_size > kMaxPosition)
-    return "the CUDA decode kernels index cache rows with 32-bit integers (cache too large)";
-  return nullptr;
-}
-
 cudaError_t launch_decode_attention(const DecodeParams& p, cudaStream_t stream) {
   if (decode_attention_cuda_unsupported(p) != nullptr) return cudaErrorInvalidValue;
   if (p.batch * p.seqlen_q * p.num_heads * p.head_dim == 0) return cudaSuccess;

@@ -1,6 +1,6 @@
 // Standalone correctness + speed check of the CUDA norm kernels against a
 // float64 CPU reference (not part of the library build). From the repo root:
-//   nvcc -std=c++17 -O3 -arch=sm_90a -Icpp cpp/kernels/norm/standalone_test.cu cpp/kernels/norm/launch_norm.cu -o /tmp/nt && /tmp/nt
+//   nvcc -std=c++17 -O3 -arch=sm_90a -Icpp tests/cuda/norm.cu cpp/kernels/norm/launch_norm.cu -o /tmp/nt && /tmp/nt
 // Exit status 0 only when every case passes. Covers the register kernels, the
 // sm_90 cluster kernels (rows wider than one block's registers) and the
 // streaming fallback (unaligned rows), forward and backward. `--no-timing`
@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/testing/standalone_buffers.h"
 #include "common/testing/standalone_check.h"
 #include "common/testing/standalone_data.h"
 #include "common/testing/standalone_timing.h"
@@ -69,54 +70,12 @@ std::vector<float> random_floats(size_t n, Rng& rng, double mean, double std) {
   return v;
 }
 
-struct Buf {
-  void* p = nullptr;
-  size_t bytes = 0;
-  Buf() = default;
-  explicit Buf(size_t n) : bytes(n) {
-    CHECK(cudaMalloc(&p, std::max<size_t>(n, 1)));
-    CHECK(cudaMemset(p, kPoison, std::max<size_t>(n, 1)));
-  }
-  Buf(const void* host, size_t n) : Buf(n) {
-    CHECK(cudaMemcpy(p, host, n, cudaMemcpyHostToDevice));
-  }
-  Buf(const Buf&) = delete;
-  Buf& operator=(const Buf&) = delete;
-  ~Buf() { cudaFree(p); }
-  std::vector<uint8_t> bytes_back() const {
-    std::vector<uint8_t> h(bytes);
-    CHECK(cudaMemcpy(h.data(), p, bytes, cudaMemcpyDeviceToHost));
-    return h;
-  }
-  std::vector<float> floats_back() const {
-    std::vector<float> h(bytes / 4);
-    CHECK(cudaMemcpy(h.data(), p, bytes, cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
-
 struct Case {
   DType dt;
   int64_t rows, cols;
   bool rms, residual, scale, bias, dh_extra;
   int64_t num_partials;  // 0: as the Python side chooses
 };
-
-// Largest |got - ref| / tol(ref) over a tensor; > 1 fails (NaN fails too).
-struct Err {
-  double worst = 0;
-  void add(double got, double ref, double tol) {
-    const double e = std::fabs(got - ref) / tol;
-    if (!(e <= worst)) worst = std::isnan(e) ? INFINITY : e;
-  }
-};
-
-bool report(const char* what, const Err& e, bool* all_ok) {
-  const bool ok = e.worst <= 1.0;
-  std::printf(" %s=%.2f%s", what, e.worst, ok ? "" : "(FAIL)");
-  *all_ok &= ok;
-  return ok;
-}
 
 bool run_case(const Case& c, uint64_t seed) {
   const int64_t R = c.rows, C = c.cols;
@@ -148,9 +107,9 @@ bool run_case(const Case& c, uint64_t seed) {
     rstd[r] = 1.0 / std::sqrt(var / C + kEpsilon);
   }
 
-  Buf d_x(x.bytes.data(), n * es), d_res(res.bytes.data(), res.bytes.size());
-  Buf d_scale(scale.data(), scale.size() * 4), d_bias(bias.data(), bias.size() * 4);
-  Buf d_y(n * es), d_h(c.residual ? n * es : 0), d_mean(R * 4), d_rstd(R * 4);
+  DeviceBuffer d_x(x.bytes.data(), n * es), d_res(res.bytes.data(), res.bytes.size());
+  DeviceBuffer d_scale(scale.data(), scale.size() * 4), d_bias(bias.data(), bias.size() * 4);
+  DeviceBuffer d_y(n * es), d_h(c.residual ? n * es : 0), d_mean(R * 4), d_rstd(R * 4);
   NormFwdParams fp;
   fp.dtype = c.dt;
   fp.rows = R;
@@ -174,8 +133,8 @@ bool run_case(const Case& c, uint64_t seed) {
               c.scale ? " +scale" : "", c.bias ? " +bias" : "", c.dh_extra ? " +dh_extra" : "",
               (long long)partials);
   {
-    const std::vector<uint8_t> y = d_y.bytes_back();
-    const std::vector<float> got_mean = d_mean.floats_back(), got_rstd = d_rstd.floats_back();
+    const std::vector<uint8_t> y = d_y.back();
+    const std::vector<float> got_mean = d_mean.back<float>(), got_rstd = d_rstd.back<float>();
     Err ey, eh, em, er;
     for (int64_t r = 0; r < R; ++r) {
       if (!c.rms) em.add(got_mean[r], mean[r], kStatsTol);
@@ -190,7 +149,7 @@ bool run_case(const Case& c, uint64_t seed) {
     }
     report("y", ey, &ok);
     if (c.residual) {
-      const std::vector<uint8_t> got_h = d_h.bytes_back();
+      const std::vector<uint8_t> got_h = d_h.back();
       for (size_t i = 0; i < n; ++i) eh.add(get(got_h, i, c.dt), h[i], kF32Eps);
       report("h", eh, &ok);
     }
@@ -200,10 +159,10 @@ bool run_case(const Case& c, uint64_t seed) {
 
   // Backward from the reference statistics rounded to float32 (the kernel's inputs).
   std::vector<float> mean_f(mean.begin(), mean.end()), rstd_f(rstd.begin(), rstd.end());
-  Buf d_hin(h_bytes.data(), c.residual ? n * es : 0);
-  Buf d_dy(dy.bytes.data(), n * es), d_extra(extra.bytes.data(), extra.bytes.size());
-  Buf d_mean_in(mean_f.data(), R * 4), d_rstd_in(rstd_f.data(), R * 4);
-  Buf d_dh(n * es), d_dscale(size_t(partials) * C * 4), d_dbias(size_t(partials) * C * 4);
+  DeviceBuffer d_hin(h_bytes.data(), c.residual ? n * es : 0);
+  DeviceBuffer d_dy(dy.bytes.data(), n * es), d_extra(extra.bytes.data(), extra.bytes.size());
+  DeviceBuffer d_mean_in(mean_f.data(), R * 4), d_rstd_in(rstd_f.data(), R * 4);
+  DeviceBuffer d_dh(n * es), d_dscale(size_t(partials) * C * 4), d_dbias(size_t(partials) * C * 4);
   NormBwdParams bp;
   bp.dtype = c.dt;
   bp.rows = R;
@@ -222,8 +181,8 @@ bool run_case(const Case& c, uint64_t seed) {
   CHECK(jaxcraft::launch_norm_bwd(bp, nullptr));
   CHECK(cudaDeviceSynchronize());
   {
-    const std::vector<uint8_t> dh = d_dh.bytes_back();
-    const std::vector<float> ds = d_dscale.floats_back(), db = d_dbias.floats_back();
+    const std::vector<uint8_t> dh = d_dh.back();
+    const std::vector<float> ds = d_dscale.back<float>(), db = d_dbias.back<float>();
     std::vector<double> dscale(C, 0), dbias(C, 0), dscale_abs(C, 0), dbias_abs(C, 0), xhat(C);
     Err edh, eds, edb;
     for (int64_t r = 0; r < R; ++r) {
@@ -280,10 +239,10 @@ void time_case(int64_t C, bool rms, bool residual, float copy_gbps) {
   Rng rng{1};
   const Tensor x = random_tensor(n, DType::kBF16, rng, kInputMean);
   const std::vector<float> ones(C, 1.f);
-  Buf d_x(x.bytes.data(), n * es), d_dy(x.bytes.data(), n * es), d_r(x.bytes.data(), n * es);
-  Buf d_y(n * es), d_dh(n * es), d_h(n * es);
-  Buf d_scale(ones.data(), C * 4), d_bias(ones.data(), C * 4), d_mean(R * 4), d_rstd(R * 4);
-  Buf d_ds(size_t(partials) * C * 4), d_db(size_t(partials) * C * 4);
+  DeviceBuffer d_x(x.bytes.data(), n * es), d_dy(x.bytes.data(), n * es), d_r(x.bytes.data(), n * es);
+  DeviceBuffer d_y(n * es), d_dh(n * es), d_h(n * es);
+  DeviceBuffer d_scale(ones.data(), C * 4), d_bias(ones.data(), C * 4), d_mean(R * 4), d_rstd(R * 4);
+  DeviceBuffer d_ds(size_t(partials) * C * 4), d_db(size_t(partials) * C * 4);
   NormFwdParams fp;
   fp.dtype = DType::kBF16;
   fp.rows = R;

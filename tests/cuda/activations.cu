@@ -2,7 +2,7 @@
 // bias_gelu, swiglu, geglu) against a float64 CPU reference (not part of the
 // library build). From the repo root:
 //   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -Icpp -gencode=arch=compute_80,code=sm_80 \
-//     -gencode=arch=compute_90a,code=sm_90a cpp/kernels/activations/standalone_test.cu \
+//     -gencode=arch=compute_90a,code=sm_90a tests/cuda/activations.cu \
 //     cpp/kernels/activations/launch_activations.cu -o /tmp/act_test && /tmp/act_test
 // Exit status 0 only when every case passes. Covers the vector and scalar
 // (odd widths, misaligned buffers) paths, narrow rows (several rows per
@@ -20,6 +20,7 @@
 #include <iterator>
 #include <vector>
 
+#include "common/testing/standalone_buffers.h"
 #include "common/testing/standalone_check.h"
 #include "common/testing/standalone_data.h"
 #include "common/testing/standalone_timing.h"
@@ -91,41 +92,6 @@ void act64(Activation act, double h, double* f, double* d, double* dmag) {
   }
 }
 
-struct Buf {
-  void* p = nullptr;
-  size_t bytes = 0;
-  Buf() = default;
-  explicit Buf(size_t n) : bytes(n) {
-    CHECK(cudaMalloc(&p, std::max<size_t>(n, 1)));
-    CHECK(cudaMemset(p, kPoison, std::max<size_t>(n, 1)));
-  }
-  Buf(const void* host, size_t n) : Buf(n) {
-    if (n) CHECK(cudaMemcpy(p, host, n, cudaMemcpyHostToDevice));
-  }
-  Buf(const Buf&) = delete;
-  Buf& operator=(const Buf&) = delete;
-  ~Buf() { cudaFree(p); }
-  std::vector<uint8_t> back(size_t offset = 0) const {
-    std::vector<uint8_t> h(bytes - offset);
-    if (!h.empty()) CHECK(cudaMemcpy(h.data(), static_cast<char*>(p) + offset, h.size(), cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
-
-struct Err {
-  double worst = 0;
-  void add(double got, double ref, double tol) {
-    const double e = std::fabs(got - ref) / tol;
-    if (!(e <= worst)) worst = std::isnan(e) ? INFINITY : e;
-  }
-};
-
-void report(const char* what, const Err& e, bool* ok) {
-  const bool pass = e.worst <= 1.0;
-  std::printf(" %s=%.2f%s", what, e.worst, pass ? "" : "(FAIL)");
-  *ok &= pass;
-}
-
 struct Case {
   DType dt;
   Activation act;
@@ -160,9 +126,9 @@ bool run_case(const Case& c, uint64_t seed) {
   std::vector<float> bias(c.bias ? C : 0);
   for (auto& b : bias) b = float(0.5 * rng.normal());
 
-  Buf d_x(x_bytes.data(), x_bytes.size()), d_dy(dy_bytes.data(), dy_bytes.size());
-  Buf d_bias(bias.data(), bias.size() * 4), d_y(n_out * es), d_dx((n_in + off) * es);
-  Buf d_part(c.bias ? size_t(partials) * C * 4 : 0);
+  DeviceBuffer d_x(x_bytes.data(), x_bytes.size()), d_dy(dy_bytes.data(), dy_bytes.size());
+  DeviceBuffer d_bias(bias.data(), bias.size() * 4), d_y(n_out * es), d_dx((n_in + off) * es);
+  DeviceBuffer d_part(c.bias ? size_t(partials) * C * 4 : 0);
   ActivationFwdParams fp;
   fp.dtype = c.dt;
   fp.activation = c.act;
@@ -232,7 +198,7 @@ bool run_case(const Case& c, uint64_t seed) {
   }
   // Bitwise reproducibility: the backward again into fresh (poisoned) outputs.
   {
-    Buf d_dx2((n_in + off) * es), d_part2(d_part.bytes);
+    DeviceBuffer d_dx2((n_in + off) * es), d_part2(d_part.bytes);
     ActivationBwdParams bp2 = bp;
     bp2.dx = static_cast<char*>(d_dx2.p) + off * es;
     bp2.dbias_partial = c.bias ? static_cast<float*>(d_part2.p) : nullptr;
@@ -253,8 +219,8 @@ void time_case(Activation act, bool gated, bool has_bias, int64_t R, int64_t C, 
   const int64_t W = gated ? 2 * C : C;
   const size_t n_in = size_t(R) * W, n_out = size_t(R) * C, es = 2;
   const int64_t partials = std::clamp<int64_t>((R + kRowsPerPartial - 1) / kRowsPerPartial, 1, kMaxPartials);
-  Buf d_x(n_in * es), d_y(n_out * es), d_dy(n_out * es), d_dx(n_in * es);
-  Buf d_bias(has_bias ? C * 4 : 0), d_part(has_bias ? size_t(partials) * C * 4 : 0);
+  DeviceBuffer d_x(n_in * es), d_y(n_out * es), d_dy(n_out * es), d_dx(n_in * es);
+  DeviceBuffer d_bias(has_bias ? C * 4 : 0), d_part(has_bias ? size_t(partials) * C * 4 : 0);
   jaxcraft_test::fill_random<<<1024, 256>>>(static_cast<__nv_bfloat16*>(d_x.p), n_in, 1u);
   jaxcraft_test::fill_random<<<1024, 256>>>(static_cast<__nv_bfloat16*>(d_dy.p), n_out, 2u);
   if (has_bias) jaxcraft_test::fill_random<<<64, 256>>>(static_cast<float*>(d_bias.p), size_t(C), 3u);

@@ -1,7 +1,7 @@
 // Standalone correctness + speed check of the CUDA attention kernels against
 // a float64 CPU reference (not part of the library build). From the repo root
 // (the Hopper instances are needed by the launchers):
-//   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a -Icpp cpp/kernels/attention/standalone_test.cu cpp/kernels/attention/launch_fwd.cu cpp/kernels/attention/launch_bwd.cu cpp/kernels/attention/instances_hdim*.cu cpp/kernels/attention/sm90/fwd_hdim*.cu cpp/kernels/attention/sm90/bwd_hdim*.cu -o /tmp/attn_test && /tmp/attn_test check portable && /tmp/attn_test check
+//   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a -Icpp tests/cuda/attention.cu cpp/kernels/attention/launch_fwd.cu cpp/kernels/attention/launch_bwd.cu cpp/kernels/attention/instances_hdim*.cu cpp/kernels/attention/sm90/fwd_hdim*.cu cpp/kernels/attention/sm90/bwd_hdim*.cu -o /tmp/attn_test && /tmp/attn_test check portable && /tmp/attn_test check
 // Arguments (any order): `check` runs the correctness cases only, `bench`
 // the timings only, `features` only the feature cases (segment ids, boolean
 // mask, soft cap, bias + dbias, dropout; with `small`, sequences up to 300

@@ -1,7 +1,7 @@
 // Standalone correctness + speed check of the CUDA embedding kernels against
 // a CPU reference (not part of the library build). From the repo root:
 //   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -Icpp -gencode=arch=compute_80,code=sm_80 \
-//     -gencode=arch=compute_90a,code=sm_90a cpp/kernels/embedding/standalone_test.cu \
+//     -gencode=arch=compute_90a,code=sm_90a tests/cuda/embedding.cu \
 //     cpp/kernels/embedding/launch_embedding.cu -o /tmp/emb_test && /tmp/emb_test
 // Exit status 0 only when every case passes. Covers the forward (16-byte and
 // scalar packs, every mode, fill rows), the fast backward (float32 atomics
@@ -21,6 +21,7 @@
 #include <numeric>
 #include <vector>
 
+#include "common/testing/standalone_buffers.h"
 #include "common/testing/standalone_check.h"
 #include "common/testing/standalone_data.h"
 #include "common/testing/standalone_timing.h"
@@ -58,29 +59,6 @@ double half_ulp(DType dt) {
   }
   return 0;
 }
-
-struct Buf {
-  void* p = nullptr;
-  size_t bytes = 0;
-  Buf() = default;
-  explicit Buf(size_t n) : bytes(n) {
-    CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) + 16));  // + room for a misaligned view
-    CHECK(cudaMemset(p, kPoison, std::max<size_t>(n, 1) + 16));
-  }
-  Buf(const void* host, size_t n) : Buf(n) {
-    if (n) CHECK(cudaMemcpy(p, host, n, cudaMemcpyHostToDevice));
-  }
-  Buf(const Buf&) = delete;
-  Buf& operator=(const Buf&) = delete;
-  ~Buf() { cudaFree(p); }
-  template <typename T = uint8_t>
-  std::vector<T> back(size_t offset_bytes = 0) const {
-    std::vector<T> h(bytes / sizeof(T));
-    CHECK(cudaMemcpy(h.data(), static_cast<uint8_t*>(p) + offset_bytes, bytes,
-                     cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
 
 // The row an id reads (the contract of contract/embedding.h, written out independently).
 int64_t ref_row(int64_t id, int64_t rows, EmbeddingMode m) {
@@ -125,7 +103,7 @@ bool run_case(const Case& c, uint64_t seed) {
 
   // Forward: a copy, so exact (fill rows NaN).
   {
-    Buf d_table(table.size()), d_ids(ids.data(), N * 4), d_out(N * D * es);
+    DeviceBuffer d_table(table.size()), d_ids(ids.data(), N * 4), d_out(N * D * es);
     CHECK(cudaMemcpy(static_cast<uint8_t*>(d_table.p) + off, table.data(), table.size(),
                      cudaMemcpyHostToDevice));
     EmbeddingFwdParams p;
@@ -177,10 +155,10 @@ bool run_case(const Case& c, uint64_t seed) {
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return key(a) < key(b); });
   for (int64_t k = 0; k < N; ++k) sorted_rows[k] = int32_t(key(order[k]));
 
-  Buf d_dout(dout.data(), dout.size()), d_ids(ids.data(), N * 4);
-  Buf d_sorted(sorted_rows.data(), N * 4), d_order(order.data(), N * 4);
+  DeviceBuffer d_dout(dout.data(), dout.size()), d_ids(ids.data(), N * 4);
+  DeviceBuffer d_sorted(sorted_rows.data(), N * 4), d_order(order.data(), N * 4);
   for (bool deterministic : {false, true}) {
-    Buf d_dtable(V * D * es), d_scratch(N * D * 4), d_index(embedding_index_entries(V, N) * 4);
+    DeviceBuffer d_dtable(V * D * es), d_scratch(N * D * 4), d_index(embedding_index_entries(V, N) * 4);
     EmbeddingBwdParams p;
     p.dtype = c.dt;
     p.rows = V;
@@ -241,9 +219,9 @@ void time_case(DType dt, int64_t V, int64_t D, int64_t N, double skew, int64_t h
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return ids[a] < ids[b]; });
   for (int64_t k = 0; k < N; ++k) sorted_rows[k] = ids[order[k]];
-  Buf table(V * D * es), out(N * D * es), dout(N * D * es), dtable(V * D * es);
-  Buf scratch(N * D * 4), index(embedding_index_entries(V, N) * 4);
-  Buf d_ids(ids.data(), N * 4), d_sorted(sorted_rows.data(), N * 4), d_order(order.data(), N * 4);
+  DeviceBuffer table(V * D * es), out(N * D * es), dout(N * D * es), dtable(V * D * es);
+  DeviceBuffer scratch(N * D * 4), index(embedding_index_entries(V, N) * 4);
+  DeviceBuffer d_ids(ids.data(), N * 4), d_sorted(sorted_rows.data(), N * 4), d_order(order.data(), N * 4);
   constexpr int kSmallValues = 0x3c;  // ~0.01 in bf16 (0x3c3c) and float32, finite sums
   CHECK(cudaMemset(table.p, kSmallValues, table.bytes));
   CHECK(cudaMemset(dout.p, kSmallValues, dout.bytes));

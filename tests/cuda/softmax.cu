@@ -1,7 +1,7 @@
 // Standalone correctness + speed check of the CUDA softmax kernels against a
 // float64 CPU reference (not part of the library build). From the repo root:
 //   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -Icpp -gencode=arch=compute_80,code=sm_80 \
-//     -gencode=arch=compute_90a,code=sm_90a cpp/kernels/softmax/standalone_test.cu \
+//     -gencode=arch=compute_90a,code=sm_90a tests/cuda/softmax.cu \
 //     cpp/kernels/softmax/launch_softmax.cu -o /tmp/softmax_test && /tmp/softmax_test
 // Exit status 0 only when every case passes. Covers every rows-kernel
 // configuration (warp per row, block per row), the stream kernel with vector
@@ -22,6 +22,7 @@
 #include <limits>
 #include <vector>
 
+#include "common/testing/standalone_buffers.h"
 #include "common/testing/standalone_check.h"
 #include "common/testing/standalone_data.h"
 #include "common/testing/standalone_timing.h"
@@ -63,16 +64,6 @@ struct Case {
 
 // Device buffer of n elements of `elem` bytes, at `offset` elements past a
 // 256-byte aligned allocation.
-struct DeviceBuf {
-  uint8_t* base = nullptr;
-  uint8_t* ptr = nullptr;
-  DeviceBuf(size_t bytes, size_t offset_bytes) {
-    CHECK(cudaMalloc(&base, bytes + 256));
-    ptr = base + offset_bytes;
-  }
-  ~DeviceBuf() { cudaFree(base); }
-};
-
 bool run_case(const Case& c, uint64_t seed) {
   const DType dt = c.dtype;
   const size_t n = size_t(c.rows * c.cols), es = dsize(dt), off = c.misaligned ? es : 0;
@@ -92,22 +83,19 @@ bool run_case(const Case& c, uint64_t seed) {
     std::fill(mask.begin() + c.cols, mask.begin() + 2 * c.cols, 0);  // row 1: nothing kept
   if (c.mask == Mask::kShared) mask[0] = 1;
 
-  DeviceBuf dx_in(n * es, off), dmask(mask.size() + 1, 0), dy_out(n * es, off), ddy(n * es, off),
-      ddx(n * es, off);
-  CHECK(cudaMemcpy(dx_in.ptr, x.data(), n * es, cudaMemcpyHostToDevice));
-  CHECK(cudaMemcpy(ddy.ptr, dy.data(), n * es, cudaMemcpyHostToDevice));
-  if (!mask.empty()) CHECK(cudaMemcpy(dmask.ptr, mask.data(), mask.size(), cudaMemcpyHostToDevice));
-  CHECK(cudaMemset(dy_out.ptr, kPoison, n * es));
-  CHECK(cudaMemset(ddx.ptr, kPoison, n * es));
+  // Outputs start poisoned; with c.misaligned every buffer is viewed one element in.
+  DeviceBuffer dx_in(n * es), dmask(mask.data(), mask.size()), dy_out(n * es), ddy(n * es), ddx(n * es);
+  CHECK(cudaMemcpy(dx_in.at(off), x.data(), n * es, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(ddy.at(off), dy.data(), n * es, cudaMemcpyHostToDevice));
 
   SoftmaxFwdParams fp;
   fp.dtype = dt;
   fp.rows = c.rows;
   fp.cols = c.cols;
-  fp.x = dx_in.ptr;
-  fp.y = dy_out.ptr;
+  fp.x = dx_in.at(off);
+  fp.y = dy_out.at(off);
   if (mask_rows) {
-    fp.mask = dmask.ptr;
+    fp.mask = dmask.at(0);
     fp.mask_row_stride = mask_rows == 1 ? 0 : c.cols;
   }
   CHECK(launch_softmax_fwd(fp, 0));
@@ -115,13 +103,13 @@ bool run_case(const Case& c, uint64_t seed) {
   bp.dtype = dt;
   bp.rows = c.rows;
   bp.cols = c.cols;
-  bp.y = dy_out.ptr;
-  bp.dy = ddy.ptr;
-  bp.dx = ddx.ptr;
+  bp.y = dy_out.at(off);
+  bp.dy = ddy.at(off);
+  bp.dx = ddx.at(off);
   CHECK(launch_softmax_bwd(bp, 0));
   CHECK(cudaDeviceSynchronize());
-  CHECK(cudaMemcpy(y.data(), dy_out.ptr, n * es, cudaMemcpyDeviceToHost));
-  CHECK(cudaMemcpy(dx.data(), ddx.ptr, n * es, cudaMemcpyDeviceToHost));
+  y = dy_out.back(off);
+  dx = ddx.back(off);
 
   double worst_y = 0, worst_dx = 0;
   bool ok = true;

@@ -4,7 +4,7 @@
 //
 //   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -Icpp \
 //     -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a \
-//     cpp/kernels/decode/standalone_test.cu cpp/kernels/decode/launch_decode.cu -o /tmp/decode_test
+//     tests/cuda/decode.cu cpp/kernels/decode/launch_decode.cu -o /tmp/decode_test
 //   /tmp/decode_test          # correctness
 //   /tmp/decode_test bench    # + GB/s of K + V at 32/8 heads, D128, bf16, Tq 1
 //   /tmp/decode_test profile B  # the batch-B rows once each, for Nsight Compute:
