@@ -39,7 +39,6 @@ constexpr int kPartialMaxTx = 64;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-
 // Block shape: tx threads across a row's `vectors` (a power of two, at most
 // max_tx, so a warp reads consecutive vectors) and ty = 256 / tx rows side
 // by side, so that narrow rows still give each block 8 warps of loads.

@@ -27,7 +27,6 @@ constexpr int64_t kMaxGrid = 1 << 16;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-
 // Threads per row: the fewest (a power of two) that cover the row with
 // `per_thread` packs each, at most a block. Narrow rows (D = 64 bf16: 8
 // packs -> 4 threads at 2 packs each) share a warp instead of idling most of

@@ -58,7 +58,6 @@ RowsConfig pick_bwd_config(int64_t vectors, bool clusters) {
 constexpr int config_key(int group, int vecs, int split) { return (group * 8 + vecs) * 16 + split; }
 constexpr int config_key(const RowsConfig& c) { return config_key(c.group, c.vecs, c.split); }
 
-
 // Whether the current device runs cluster kernels (asked of one of them).
 cudaError_t has_clusters(bool* result) {
   static std::atomic<int> cache[kMaxCachedDevices];  // 1: no, 2: yes

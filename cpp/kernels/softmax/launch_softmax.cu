@@ -107,7 +107,6 @@ constexpr int64_t kStreamMidCols = 8192;
 
 constexpr int config_key(int group, int vecs, int split) { return (group * 16 + vecs) * 32 + split; }
 
-
 // Stream kernels: enough resident rows for the whole GPU without a giant
 // grid; grid-stride loops cover the rest.
 constexpr int64_t kMaxGrid = 1 << 16;
