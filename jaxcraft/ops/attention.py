@@ -31,8 +31,6 @@ from jaxcraft.ops.attention_reference import (
 F32 = jnp.float32
 U32 = jnp.uint32
 I32 = jnp.int32
-# The CUDA kernels' limits (cpp/kernels/attention/tile_config.h): head dims are
-# padded up to the next of 32/64/96/128/192/256 and loaded 16 bytes at a time.
 _UNBOUNDED = -1  # window bound meaning "no limit" in AttentionMask
 
 

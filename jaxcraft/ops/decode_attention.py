@@ -26,8 +26,6 @@ from jaxcraft.ops.decode_attention_reference import decode_attention_reference
 F32 = jnp.float32
 I32 = jnp.int32
 _UNBOUNDED = -1  # window_left meaning "no window"
-# The CUDA kernels' limits (cpp/kernels/decode/launch_decode.cu): head dims
-# padded up to 64/128/256 and loaded 16 bytes at a time; 32-bit key positions.
 
 # The split-K scratch: an upper bound on the splits the CUDA launcher may pick,
 # from shapes alone (it picks from the shape and the SM count, never more than
