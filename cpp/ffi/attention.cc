@@ -57,8 +57,6 @@ class OperandReader {
     if (!result) return std::nullopt;
     return **result;
   }
-  size_t num_args() const { return args_.size(); }
-  size_t num_rets() const { return rets_.size(); }
   ffi::Error error() const { return error_ ? *error_ : ffi::Error::Success(); }
 
  private:
