@@ -1,5 +1,6 @@
-// The host <-> kernel contract for flash attention (CPU and CUDA kernels both
-// read it). Plain data only: no XLA, CUDA or nanobind types.
+// The host <-> kernel contract for flash attention (the handlers, the CPU and
+// the CUDA kernels all read it), and what the CUDA kernels take. No XLA, CUDA
+// or nanobind types.
 #pragma once
 #include <cstdint>
 #include <cstdio>

@@ -1,5 +1,6 @@
 // The host <-> kernel contract for decode attention (split-K flash decoding),
-// read by the CPU kernel and the CUDA launcher. Plain data only.
+// read by the handler, the CPU kernel and the CUDA launcher, and what the
+// CUDA kernels take. No XLA, CUDA or nanobind types.
 #pragma once
 #include <algorithm>
 #include <cstdint>
