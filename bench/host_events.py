@@ -15,7 +15,7 @@ import sys
 import tempfile
 
 import jax
-from kernel_trace import trace_events
+from kernel_trace import host_times, trace_events
 from timing import ChainTimer
 
 import decode
@@ -30,17 +30,7 @@ def host_events(fn, q, consts):
   run_once()  # compile + warm up outside the trace
   with tempfile.TemporaryDirectory() as trace_dir:
     events = trace_events(run_once, trace_dir)
-  procs = {e["pid"]: str(e.get("args", {}).get("name", "")) for e in events
-           if e.get("ph") == "M" and e["name"] == "process_name"}
-  out = collections.defaultdict(lambda: [0, 0.0])
-  for e in events:
-    proc = procs.get(e.get("pid"), "")
-    if e.get("ph") == "X" and "GPU" not in proc and "/device" not in proc:
-      # One row per op and per call kind, not per instance or graph id.
-      name = re.sub(r"\.\d+$|\s*\(CudaGraph:\d+\)", "", e["name"])[:70]
-      out[name][0] += 1
-      out[name][1] += e.get("dur", 0)
-  return out
+  return host_times(events)
 
 
 def main():

@@ -8,6 +8,7 @@ import glob
 import gzip
 import json
 import os
+import re
 
 import jax
 
@@ -34,10 +35,14 @@ def trace_events(run_once, trace_dir: str, steps: int = 1):
 
 
 def trace_kernels(run_once, trace_dir: str, steps: int = 3):
-  """Traces `steps` calls of `run_once` (see trace_events). Per step: GPU time per kernel
-  name [(name, us, calls)], largest first; the device span (first kernel's start to last
-  kernel's end) in us; idle gaps {(kernel before, kernel after): us}."""
-  events = trace_events(run_once, trace_dir, steps)
+  """Traces `steps` calls of `run_once` (see trace_events); kernel_times of the trace."""
+  return kernel_times(trace_events(run_once, trace_dir, steps), steps)
+
+
+def kernel_times(events, steps: int):
+  """Per step of a trace of `steps` calls: GPU time per kernel name [(name, us, calls)],
+  largest first; the device span (first kernel's start to last kernel's end) in us; idle gaps
+  {(kernel before, kernel after): us}."""
   names = {(e["pid"], e.get("tid"), e["name"]): str(e.get("args", {}).get("name", ""))
            for e in events if e.get("ph") == "M"}
   gpu = {pid for (pid, _, kind), name in names.items() if kind == "process_name" and "GPU" in name}
@@ -60,6 +65,23 @@ def trace_kernels(run_once, trace_dir: str, steps: int = 3):
       end, before = ts + dur, name
   rows = [(name, us, calls[name]) for name, us in total.most_common()]
   return rows, (end - kernels[0][0]) / steps, gaps
+
+
+def host_times(events):
+  """name -> [count, total us] of every host-thread event of a trace but Python's frames
+  ("$file:line name"); one name per op and call kind (instance numbers and CUDA graph ids
+  dropped)."""
+  procs = {e["pid"]: str(e.get("args", {}).get("name", "")) for e in events
+           if e.get("ph") == "M" and e["name"] == "process_name"}
+  out = collections.defaultdict(lambda: [0, 0.0])
+  for e in events:
+    proc = procs.get(e.get("pid"), "")
+    if (e.get("ph") == "X" and "GPU" not in proc and "/device" not in proc
+        and not e["name"].startswith("$")):
+      name = re.sub(r"\.\d+$|\s*\(CudaGraph:\d+\)", "", e["name"])[:70]
+      out[name][0] += 1
+      out[name][1] += e.get("dur", 0)
+  return out
 
 
 def print_kernel_times(label: str, rows, span, gaps, top: int = 40):

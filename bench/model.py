@@ -35,7 +35,8 @@ mean nothing).
 
 `python bench/model.py --profile DIR --variant jaxcraft --batch 8 --cache 1024 --head-dim 256`
 traces PROFILE_STEPS python-mode generation steps into DIR (jax.profiler, Perfetto) and prints
-the host dispatch time per step, the wall time per step, and GPU time per kernel.
+the host dispatch time per step, the wall time per step, and GPU time per kernel;
+`--part train` or `--part prefill` (with `--seq`) traces one training step or prefill.
 """
 
 from __future__ import annotations
@@ -357,12 +358,28 @@ def run(bandwidth: float):
 
 
 # --------------------------------------------------------------------------- profile
-def profile(trace_dir: str, variant: str, batch: int, filled: int, head_dim: int,
-            steps: int = PROFILE_STEPS) -> None:
-  """Python-mode generation of `steps` tokens, traced into `trace_dir`; prints the host time
-  per dispatched step, the wall time per step, and GPU time per kernel per step."""
-  from kernel_trace import print_kernel_times, trace_kernels
-  config = _grid().models[head_dim]
+def _print_trace(run_once, trace_dir: str, label: str, per: int, top_host: int = 20) -> None:
+  """Traces one call of `run_once` into `trace_dir` and prints its GPU time per kernel and its
+  longest host events, divided by `per` (the steps one call runs)."""
+  from kernel_trace import host_times, kernel_times, print_kernel_times, trace_events
+  events = trace_events(run_once, trace_dir)
+  try:
+    rows, span, gaps = kernel_times(events, per)
+  except RuntimeError as e:  # no GPU stream (a CPU run): the trace is still written
+    print(f"no kernel times: {e}"[:200])
+  else:
+    print_kernel_times(label, rows, span, gaps)
+  print(f"{label}: longest host events (us per step, calls)")
+  host = sorted(host_times(events).items(), key=lambda item: -item[1][1])
+  for name, (count, us) in host[:top_host]:
+    print(f"{us / per:10.1f} us {count / per:6.1f}  {name}")
+  print(f"trace in {trace_dir}")
+
+
+def _profile_generate(trace_dir: str, variant: str, config: decoder.Config, batch: int,
+                      filled: int, steps: int) -> None:
+  """Python-mode generation of `steps` tokens; prints the host time per dispatched step,
+  the wall time per step, and GPU time per kernel per step."""
   graphdef, params = _params(config, config.dtype)
   step = decoder.jit_sample_step(graphdef, variant)
   tokens = jax.random.randint(jax.random.key(3), (batch,), 0, config.vocab)
@@ -386,34 +403,73 @@ def profile(trace_dir: str, variant: str, batch: int, filled: int, head_dim: int
   t0 = time.perf_counter()
   run_once()
   wall = (time.perf_counter() - t0) / steps
-  print(f"{variant} D{head_dim} B{batch} cache {filled}: host dispatch "
+  print(f"{variant} D{config.head_dim} B{batch} cache {filled}: host dispatch "
         f"{np.median(dispatch) * 1e6:.0f} us per step (median), wall {wall * 1e6:.0f} us "
         f"per step", flush=True)
-  try:
-    rows, span, gaps = trace_kernels(run_once, trace_dir, steps=1)
-  except RuntimeError as e:  # no GPU stream (a CPU run): the trace is still written
-    print(f"no kernel times: {e}"[:200])
+  _print_trace(run_once, trace_dir, f"{variant} (per generated token)", steps)
+
+
+def _profile_whole(trace_dir: str, part: str, variant: str, config: decoder.Config,
+                   batch: int, seq: int) -> None:
+  """One training step or one prefill of `batch` x `seq` tokens; prints its wall time and
+  GPU time per kernel."""
+  if part == "train":
+    graphdef, params = _params(config)
+    optimizer = optax.adamw(LEARNING_RATE)
+    step = decoder.jit_train_step(graphdef, optimizer, variant)
+    tokens = jax.random.randint(jax.random.key(1), (batch, seq + 1), 0, config.vocab)
+    state = [params, optimizer.init(params)]
+
+    def run_once():
+      state[0], state[1], loss = jax.block_until_ready(step(*state, tokens))
   else:
-    per_step = lambda us: us / steps
-    print_kernel_times(f"{variant} (per generated token)",
-                       [(name, per_step(us), n / steps) for name, us, n in rows],
-                       per_step(span),
-                       collections.Counter({pair: per_step(us) for pair, us in gaps.items()}))
-  print(f"trace in {trace_dir}")
+    graphdef, params = _params(config, config.dtype)
+    run = decoder.jit_prefill(graphdef, variant)
+    tokens = jax.random.randint(jax.random.key(1), (batch, seq), 0, config.vocab)
+    holder = {"cache": decoder.init_cache(config, batch, seq)}
+
+    def run_once():
+      logits, holder["cache"] = run(params, tokens, holder["cache"])
+      jax.block_until_ready(logits)
+
+  run_once()  # compile
+  walls = []
+  for _ in range(3):
+    t0 = time.perf_counter()
+    run_once()
+    walls.append(time.perf_counter() - t0)
+  print(f"{variant} {part} D{config.head_dim} {batch} x {seq}: wall "
+        f"{np.median(walls) * 1e3:.2f} ms (median of 3)", flush=True)
+  _print_trace(run_once, trace_dir, f"{variant} {part}", 1)
+
+
+def profile(trace_dir: str, part: str, variant: str, head_dim: int, *, batch: int = 8,
+            cache: int = 1024, seq: int = 8192, steps: int = PROFILE_STEPS) -> None:
+  grid = _grid()
+  config = grid.models[head_dim]
+  if part == "generate":
+    _profile_generate(trace_dir, variant, config, batch, cache, steps)
+  else:
+    _profile_whole(trace_dir, part, variant, config, grid.tokens_per_batch // seq, seq)
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--profile", metavar="DIR", required=True,
-                      help="trace python-mode generation steps into DIR")
+                      help="trace the part into DIR")
+  parser.add_argument("--part", choices=PARTS, default="generate")
   parser.add_argument("--variant", choices=decoder.BACKENDS, default="jaxcraft")
   parser.add_argument("--batch", type=int, default=8)
   parser.add_argument("--cache", type=int, default=1024, help="filled cache positions")
   parser.add_argument("--head-dim", type=int, choices=tuple(MODELS), default=256)
-  parser.add_argument("--steps", type=int, default=PROFILE_STEPS)
+  parser.add_argument("--seq", type=int, default=8192,
+                      help=f"train/prefill sequence length ({TOKENS_PER_BATCH} tokens per step)")
+  parser.add_argument("--steps", type=int, default=PROFILE_STEPS,
+                      help="generated tokens traced")
   args = parser.parse_args()
-  profile(args.profile, args.variant, args.batch, args.cache, args.head_dim, args.steps)
+  profile(args.profile, args.part, args.variant, args.head_dim, batch=args.batch,
+          cache=args.cache, seq=args.seq, steps=args.steps)
 
 
 if __name__ == "__main__":
