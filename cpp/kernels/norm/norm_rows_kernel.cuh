@@ -71,7 +71,7 @@ __device__ __forceinline__ void bwd_rows(const NormBwdParams& p) {
     const bool row_ok = row < p.rows;
     const float mean = (row_ok && p.mean) ? p.mean[row] : 0.f;
     const float rstd = row_ok ? p.rstd[row] : 0.f;
-    float dyv[kVecs][kN], xhat[kVecs][kN];
+    float dyv[kVecs][kN], xhat[kVecs][kN];  // dy, then g = dy * scale
     float sums[2] = {0.f, 0.f};  // g, g * xhat
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
@@ -85,11 +85,12 @@ __device__ __forceinline__ void bwd_rows(const NormBwdParams& p) {
 #pragma unroll
         for (int j = 0; j < kN; ++j) {
           xhat[i][j] = (xhat[i][j] - mean) * rstd;
-          const float g = p.scale ? dyv[i][j] * s[j] : dyv[i][j];
-          sums[0] += g;
-          sums[1] += g * xhat[i][j];
           dscale[i][j] += dyv[i][j] * xhat[i][j];
           dbias[i][j] += dyv[i][j];
+          // dyv now holds g = dy * scale: the second pass reads no scale again.
+          if (p.scale) dyv[i][j] *= s[j];
+          sums[0] += dyv[i][j];
+          sums[1] += dyv[i][j] * xhat[i][j];
         }
       } else {
 #pragma unroll
@@ -112,13 +113,11 @@ __device__ __forceinline__ void bwd_rows(const NormBwdParams& p) {
         if (cols.owns(i)) {
           const int64_t col = cols.col(i);
           const int64_t off = row * C + col;
-          float s[kN], extra[kN], out[kN];
-          if (p.scale) load_params(p.scale + col, s);
+          float extra[kN], out[kN];
           if (dh_extra) load_f32(dh_extra + off, extra);
 #pragma unroll
           for (int j = 0; j < kN; ++j) {
-            const float g = p.scale ? dyv[i][j] * s[j] : dyv[i][j];
-            out[j] = rstd * (g - mean_g - xhat[i][j] * mean_gx);
+            out[j] = rstd * (dyv[i][j] - mean_g - xhat[i][j] * mean_gx);
             if (dh_extra) out[j] += extra[j];
           }
           store_f32(dh + off, out);
