@@ -1,0 +1,63 @@
+"""A list-scheduling model of the Hopper attention backward's work order under a causal mask
+(cpp/kernels/attention/sm90/tile_order.h): the fraction of the kernel's time the SMs are busy,
+for the group of heads the launcher picks and for other group sizes.
+
+  python bench/tile_balance.py [B,S,N,K ...]     (default: the decoder bench's D128 shapes)
+
+One CTA per SM takes one 128-key tile of one KV head and walks the query tiles its keys are seen
+by, for each of the N / K query heads of its group: (N / K) * (tiles - rank) steps, plus a fixed
+cost per CTA. CTAs start in the launcher's order (tile-major within groups of `group` (KV head,
+batch) pairs, the largest tiles first) as SMs free up. Times are in steps; the model ignores L2.
+"""
+
+from __future__ import annotations
+
+import heapq
+import sys
+
+SMS = 132  # H100 / H200
+BLOCK = 128  # keys per CTA and queries per step (head dims 64-256)
+HEAD_DIM = 128
+GROUP_BYTES = 16 << 20  # kTileGroupBytes
+CTA_COST = 2  # steps of start and end per CTA (K/V load, dK/dV store)
+
+
+def launcher_group(seqlen: int, heads: int, kv_heads: int, batch: int) -> int:
+  """The group launch_bwd_sm90 picks: Q and dO (float32 bytes, all query heads of a KV head)
+  of a group within GROUP_BYTES, at most 16 pairs (4 at 4 or fewer key tiles)."""
+  per_head = seqlen * HEAD_DIM * 4 * (heads // kv_heads)
+  group = max(1, min(GROUP_BYTES // per_head, kv_heads * batch))
+  tiles = -(-seqlen // BLOCK)
+  return min(group, 4 if tiles <= 4 else 16)
+
+
+def busy(seqlen: int, heads: int, kv_heads: int, batch: int, group: int) -> float:
+  """Total work over SMS x the time the last CTA ends."""
+  tiles, pairs, steps_per_tile = -(-seqlen // BLOCK), kv_heads * batch, heads // kv_heads
+  work = []
+  for first in range(0, pairs, group):
+    members = min(group, pairs - first)
+    for rank in range(tiles):
+      work += [steps_per_tile * (tiles - rank) + CTA_COST] * members
+  free = [0.0] * SMS
+  end = 0.0
+  for w in work:
+    t = heapq.heappop(free) + w
+    heapq.heappush(free, t)
+    end = max(end, t)
+  return sum(work) / (SMS * end)
+
+
+def main():
+  shapes = [tuple(int(v) for v in a.split(",")) for a in sys.argv[1:]] or [
+      (8, 2048, 16, 4), (2, 8192, 16, 4), (8, 2048, 16, 16), (2, 8192, 16, 16)]
+  for batch, seqlen, heads, kv_heads in shapes:
+    chosen = launcher_group(seqlen, heads, kv_heads, batch)
+    others = "  ".join(f"{g}: {busy(seqlen, heads, kv_heads, batch, g):.0%}"
+                       for g in (1, 2, 4, 8, 16) if g <= kv_heads * batch)
+    print(f"B {batch} S {seqlen} heads {heads}/{kv_heads}: launcher's group {chosen} -> "
+          f"{busy(seqlen, heads, kv_heads, batch, chosen):.0%} busy; by group  {others}")
+
+
+if __name__ == "__main__":
+  main()
