@@ -2,7 +2,7 @@
 (cpp/kernels/attention/sm90/tile_order.h): the fraction of the kernel's time the SMs are busy,
 for the group of heads the launcher picks and for other group sizes.
 
-  python bench/tile_balance.py [B,S,N,K ...]     (default: the decoder bench's D128 shapes)
+  python bench/tile_balance.py [B,S,N,K[,D] ...]   (default: the decoder bench's D128 shapes)
 
 One CTA per SM takes one 128-key tile of one KV head and walks the query tiles its keys are seen
 by, for each of the N / K query heads of its group: (N / K) * (tiles - rank) steps, plus a fixed
@@ -17,15 +17,14 @@ import sys
 
 SMS = 132  # H100 / H200
 BLOCK = 128  # keys per CTA and queries per step (head dims 64-256)
-HEAD_DIM = 128
 GROUP_BYTES = 16 << 20  # kTileGroupBytes
 CTA_COST = 2  # steps of start and end per CTA (K/V load, dK/dV store)
 
 
-def launcher_group(seqlen: int, heads: int, kv_heads: int, batch: int) -> int:
+def launcher_group(seqlen: int, heads: int, kv_heads: int, batch: int, head_dim: int = 128) -> int:
   """The group launch_bwd_sm90 picks: Q and dO (float32 bytes, all query heads of a KV head)
   of a group within GROUP_BYTES, at most 16 pairs (4 at 4 or fewer key tiles)."""
-  per_head = seqlen * HEAD_DIM * 4 * (heads // kv_heads)
+  per_head = seqlen * head_dim * 4 * (heads // kv_heads)
   group = max(1, min(GROUP_BYTES // per_head, kv_heads * batch))
   tiles = -(-seqlen // BLOCK)
   return min(group, 4 if tiles <= 4 else 16)
@@ -51,11 +50,12 @@ def busy(seqlen: int, heads: int, kv_heads: int, batch: int, group: int) -> floa
 def main():
   shapes = [tuple(int(v) for v in a.split(",")) for a in sys.argv[1:]] or [
       (8, 2048, 16, 4), (2, 8192, 16, 4), (8, 2048, 16, 16), (2, 8192, 16, 16)]
-  for batch, seqlen, heads, kv_heads in shapes:
-    chosen = launcher_group(seqlen, heads, kv_heads, batch)
+  for batch, seqlen, heads, kv_heads, *head_dim in shapes:
+    chosen = launcher_group(seqlen, heads, kv_heads, batch, *head_dim)
     others = "  ".join(f"{g}: {busy(seqlen, heads, kv_heads, batch, g):.0%}"
                        for g in (1, 2, 4, 8, 16) if g <= kv_heads * batch)
-    print(f"B {batch} S {seqlen} heads {heads}/{kv_heads}: launcher's group {chosen} -> "
+    dims = f" D{head_dim[0]}" if head_dim else ""
+    print(f"B {batch} S {seqlen} heads {heads}/{kv_heads}{dims}: launcher's group {chosen} -> "
           f"{busy(seqlen, heads, kv_heads, batch, chosen):.0%} busy; by group  {others}")
 
 
