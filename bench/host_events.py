@@ -9,7 +9,6 @@ trace of one call of each chain. Shows whether a chain runs as a CUDA graph
 
 from __future__ import annotations
 
-import collections
 import re
 import sys
 import tempfile

@@ -42,7 +42,6 @@ the host dispatch time per step, the wall time per step, and GPU time per kernel
 from __future__ import annotations
 
 import argparse
-import collections
 import dataclasses
 import os
 import sys
