@@ -3,6 +3,7 @@ Pallas-Triton vs XLA."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -73,21 +74,27 @@ def _fwd_bwd(fn):
   def step(q, k, v):
     out, vjp = jax.vjp(fn, q, k, v)
     dq, dk, dv = vjp(out)
-    # Use all three gradients (else XLA could drop dk/dv work); tanh keeps the
-    # chain's values bounded.
-    return jnp.tanh(dq + dk + dv)
+    # Use all three gradients (else XLA could drop dk/dv work), each KV head's
+    # for its group of query heads; tanh keeps the chain's values bounded.
+    return jnp.tanh(dq + jnp.repeat(dk + dv, q.shape[2] // k.shape[2], axis=2))
   return step
 
 
 def inputs(spec):
-  """The row's q, k, v: [batch, seqlen, heads, head_dim] normal samples."""
-  shape = (spec.batch, spec.seqlen, spec.heads, spec.head_dim)
-  return tuple(jax.random.normal(kk, shape, DTYPE) for kk in jax.random.split(jax.random.key(0), 3))
+  """The row's q [batch, seqlen, heads, head_dim] and k, v [..., kv_heads, head_dim]: normal
+  samples."""
+  keys = jax.random.split(jax.random.key(0), 3)
+  shape = lambda heads: (spec.batch, spec.seqlen, heads, spec.head_dim)
+  return (jax.random.normal(keys[0], shape(spec.heads), DTYPE),
+          *(jax.random.normal(kk, shape(spec.kv_heads), DTYPE) for kk in keys[1:]))
 
 
 def run(bandwidth: float, specs=None):
   del bandwidth
   specs = specs or (QUICK_SPECS if os.environ.get("JAXCRAFT_BENCH_QUICK") else ATTENTION_SPECS)
+  # JAXCRAFT_BENCH_GQA=4: four query heads per KV head in every row.
+  group = int(os.environ.get("JAXCRAFT_BENCH_GQA", "1"))
+  specs = [dataclasses.replace(s, group=group) for s in specs]
   # JAXCRAFT_BENCH_HEAD_DIMS=64,128 / JAXCRAFT_BENCH_SEQLENS=1024,4096: a part of
   # the sweep (to fit one device call).
   for var, field in (("JAXCRAFT_BENCH_HEAD_DIMS", "head_dim"), ("JAXCRAFT_BENCH_SEQLENS", "seqlen")):
@@ -107,7 +114,8 @@ def run(bandwidth: float, specs=None):
           print(f"  {spec.name} {name} {mode}: failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
       for name, sec in time_interleaved(timers, default=REPEATS).items():
         rows.append(dict(op="attention", shape=spec.name, head_dim=spec.head_dim,
-                         seqlen=spec.seqlen, causal=spec.causal, dtype=DTYPE.name, impl=name,
+                         seqlen=spec.seqlen, causal=spec.causal, kv_heads=spec.kv_heads,
+                         dtype=DTYPE.name, impl=name,
                          mode=mode, us=sec * 1e6, tflops=flops / sec / 1e12))
         print(f"  {spec.name:18s} {name:9s} {mode:8s} {sec * 1e3:9.3f} ms "
               f"{rows[-1]['tflops']:6.0f} TFLOP/s", flush=True)

@@ -122,12 +122,14 @@ SOFTMAX_SMOKE_SPECS = [SoftmaxSpec(64, s.cols // 64) for s in SOFTMAX_SPECS]
 
 @dataclasses.dataclass(frozen=True)
 class AttentionSpec:
-  """bf16 self-attention, 16k tokens per batch, hidden 2048 (N = 2048 / D)."""
+  """bf16 self-attention, 16k tokens per batch, hidden 2048 (N = 2048 / D); `group` query
+  heads share each KV head (grouped-query attention when > 1)."""
   head_dim: int
   seqlen: int
   causal: bool
   tokens: int = 16384
   hidden: int = 2048
+  group: int = 1
 
   @property
   def batch(self) -> int:
@@ -138,8 +140,13 @@ class AttentionSpec:
     return self.hidden // self.head_dim
 
   @property
+  def kv_heads(self) -> int:
+    return self.heads // self.group
+
+  @property
   def name(self) -> str:
-    return f"D{self.head_dim} S{self.seqlen}{' causal' if self.causal else ''}"
+    gqa = f" GQA {self.heads}/{self.kv_heads}" if self.group > 1 else ""
+    return f"D{self.head_dim} S{self.seqlen}{' causal' if self.causal else ''}{gqa}"
 
   def fwd_flops(self) -> float:
     """4 B N S^2 D (two matmuls), halved when causal."""
