@@ -2,7 +2,8 @@
 // (bench/attention_ab.sh builds this file twice: against the working tree
 // and against an older revision's cpp/ tree). bf16 self-attention at 16k
 // tokens per batch and hidden 2048 (B = 16384 / S, N = 2048 / D), causal and
-// not, S = 512..16384: the forward (the launcher's dispatch) and the plain
+// not, S = 512..16384 (AB_GQA=G: G query heads per KV head, N / G KV heads),
+// the forward (the launcher's dispatch) and the plain
 // backward kernel (dK, dV and the atomic dQ; delta zero, so the times but
 // not the values are the real backward's; AB_FWD_ONLY=1 skips it). Best of
 // 5 x 20 launches; an FNV-1a hash of O and of dK, dV tells whether a change
@@ -16,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "kernels/attention/sm90/bwd_kernel.cuh"
@@ -81,15 +83,17 @@ void set_tile_counter(A&, uint32_t*, long) {}
 int main(int argc, char** argv) {
   constexpr int H = HEAD_DIM;
   const char* tag = argc > 1 ? argv[1] : "-";
+  const int group = getenv("AB_GQA") ? std::atoi(getenv("AB_GQA")) : 1;
   uint32_t* tile_counter = nullptr;
   CHECK(cudaMalloc(&tile_counter, sizeof(uint32_t)));
   for (int causal : {0, 1})
     for (int S : {512, 1024, 2048, 4096, 8192, 16384}) {
-      const int B = 16384 / S, N = 2048 / H;
-      const size_t n = size_t(B) * S * N * H, rows = size_t(B) * N * S;
+      const int B = 16384 / S, N = 2048 / H, K = N / group;
+      const size_t n = size_t(B) * S * N * H, n_kv = n / group, rows = size_t(B) * N * S;
       void *q, *k, *v, *o, *d_o, *dq, *dk, *dv;
       float *lse, *delta, *dq_accum;
-      for (void** p : {&q, &k, &v, &o, &d_o, &dq, &dk, &dv}) CHECK(cudaMalloc(p, n * 2));
+      for (void** p : {&q, &o, &d_o, &dq}) CHECK(cudaMalloc(p, n * 2));
+      for (void** p : {&k, &v, &dk, &dv}) CHECK(cudaMalloc(p, n_kv * 2));
       CHECK(cudaMalloc(&lse, rows * 4));
       CHECK(cudaMalloc(&delta, rows * 4));
       CHECK(cudaMalloc(&dq_accum, n * 4));
@@ -98,14 +102,15 @@ int main(int argc, char** argv) {
       std::vector<uint16_t> host(n);
       uint32_t state = 12345;  // the same inputs in every build
       for (void* p : {q, k, v, d_o}) {
-        for (auto& x : host) {
+        const size_t count = p == k || p == v ? n_kv : n;
+        for (size_t i = 0; i < count; ++i) {
           state = state * 1664525u + 1013904223u;
-          x = to_bf16(((state >> 8) * (1.f / 16777216.f) - 0.5f) * 3.f);
+          host[i] = to_bf16(((state >> 8) * (1.f / 16777216.f) - 0.5f) * 3.f);
         }
-        CHECK(cudaMemcpy(p, host.data(), n * 2, cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpy(p, host.data(), count * 2, cudaMemcpyHostToDevice));
       }
       FwdArgs fa{};
-      fa.shape = {B, S, S, N, N, H};
+      fa.shape = {B, S, S, N, K, H};
       fa.mask = {causal, 0, -1, -1, nullptr, nullptr};
       fa.scale = 1.f / std::sqrt(float(H));
       fa.q = q, fa.k = k, fa.v = v, fa.o = o, fa.lse = lse;
@@ -122,9 +127,11 @@ int main(int argc, char** argv) {
       using BwdCfg = typename sm90::BwdTiles<H>::type;
       const double bwd_us = getenv("AB_FWD_ONLY") ? 0.0 :
           best_us([&] { return sm90::launch_bwd_sm90<DType::kBF16, BwdCfg, sm90::kPlain>(ba, 0); });
-      const uint64_t kv_hash = bwd_us > 0 ? fnv1a(dv, n * 2, fnv1a(dk, n * 2)) : 0;
+      const uint64_t kv_hash = bwd_us > 0 ? fnv1a(dv, n_kv * 2, fnv1a(dk, n_kv * 2)) : 0;
+      const std::string mode = std::string(causal ? "causal" : "full") +
+                               (group > 1 ? "-gqa" + std::to_string(group) : "");
       std::printf("%s D%d S%d %s fwd %.1f us %.1f TFLOP/s %016llx bwd %.1f us %.1f TFLOP/s %016llx\n", tag,
-                  H, S, causal ? "causal" : "full", fwd_us, flops / fwd_us / 1e6,
+                  H, S, mode.c_str(), fwd_us, flops / fwd_us / 1e6,
                   static_cast<unsigned long long>(o_hash), bwd_us,
                   bwd_us > 0 ? 2.5 * flops / bwd_us / 1e6 : 0.0,
                   static_cast<unsigned long long>(kv_hash));
