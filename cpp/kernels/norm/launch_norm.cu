@@ -34,7 +34,7 @@ struct RowsConfig {
 
 // Register budget: 64K registers per SM. The backward holds dy, xhat, dscale
 // and dbias per element, so it stops at 16 elements per thread and at 512
-// threads (~120 regs/thread * 512 fits). Wider rows split over a
+// threads (at most 107 regs/thread * 512 fit). Wider rows split over a
 // thread-block cluster where the device has clusters (sm_90+): the same
 // registers per thread, kSplit times the row, at the cost of one cluster
 // barrier per row statistic. Row widths past these limits, or not a
