@@ -22,6 +22,8 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "kernels/attention/kernel_args.h"
 #include "kernels/attention/mask.cuh"
 #include "kernels/attention/mma_sm80.cuh"
@@ -1129,8 +1131,17 @@ cudaError_t launch_bwd_sm90(const BwdArgs& a, cudaStream_t stream,
   // (H100). Groups of 4 at S1024 were mixed (H100 0.98-1.00, H200
   // 1.00-1.03; docs/design.md).
   const int64_t bytes_per_head = int64_t(s.seqlen_q) * s.head_dim * 4 * (s.num_heads / s.num_kv_heads);
-  const int group = tile_group(a.mask.causal, bytes_per_head, int64_t(s.num_kv_heads) * s.batch);
-  p.order = tile_order(grid.x, s.num_kv_heads, s.batch, std::min(group, grid.x <= 4 ? 4 : 16));
+  const int64_t pairs = int64_t(s.num_kv_heads) * s.batch;
+  int group = tile_group(a.mask.causal, bytes_per_head, pairs);
+  // A causal group of fewer tiles than the SMs leaves SMs idle while its
+  // largest tiles run: grouped KV heads, whose L2 bound counts the Q/dO of
+  // every query head of the group, got groups of 1-4 (KV head, batch) pairs,
+  // 64 tiles at 16/4 heads, S 2048-8192: 81-82% of the SMs busy in
+  // bench/tile_balance.py, 97-99% when a group covers 15/16 of the SMs.
+  const int64_t sms = multiprocessor_count();
+  while (a.mask.causal && int64_t(group) * grid.x * 16 < sms * 15 && group < pairs) group *= 2;
+  p.order = tile_order(grid.x, s.num_kv_heads, s.batch,
+                       int(std::min<int64_t>({group, pairs, grid.x <= 4 ? 4 : 16})));
   kernel<<<grid, Cfg::kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }

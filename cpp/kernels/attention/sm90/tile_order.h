@@ -14,6 +14,7 @@
 // costs more than it gives: the forward's causal pairs (equal work) run
 // head-major at head dims 128 and 256, the backward caps its groups at 16
 // heads (4 at S512); short rows read their K/V (Q/dO) in bursts otherwise.
+// The backward widens groups of fewer tiles than SMs (grouped KV heads).
 #pragma once
 #include <cuda_runtime.h>
 
