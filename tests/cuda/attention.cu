@@ -953,16 +953,40 @@ void fwd_sm90_variants(int B, int S, bool causal) {
 // causal rows' tiles before the per-warpgroup trim), the overlapped loop
 // with three consumers, and a fourth stage; at head dim 256 the tiles the
 // split K/V ring replaced (no overlap, one CTA per item under a causal mask).
+namespace fwd_alternatives {
+using jaxcraft::attn::sm90::FwdTileDefaults;
+struct Overlap64 : FwdTileDefaults {  // two consumers, the overlapped loop
+  static constexpr int kHeadDim = 64, kConsumers = 2, kBlockN = 128, kStages = 3;
+  static constexpr bool kOverlap = true, kPersistent = true;
+  static constexpr int kQBufs = 2, kCausalPersistRows = 2048;
+};
+struct OverlapThree64 : Overlap64 {  // three consumers
+  static constexpr int kConsumers = 3, kCausalPersistRows = 4096;
+};
+struct OverlapFourStages64 : Overlap64 {
+  static constexpr int kStages = 4;
+};
+struct NoOverlap256 : FwdTileDefaults {  // one ring, one CTA per causal item
+  static constexpr int kHeadDim = 256, kConsumers = 2, kBlockN = 64;
+  static constexpr bool kPersistent = true, kOInStage = true;
+};
+}  // namespace fwd_alternatives
+
+namespace bwd_alternatives {
+struct StagedThree128 : jaxcraft::attn::sm90::BwdBias128 {  // dQ staged, a third stage
+  static constexpr int kStages = 3;
+};
+}  // namespace bwd_alternatives
+
 void fwd_persistent_variants() {
   using namespace jaxcraft::attn::sm90;
+  using namespace fwd_alternatives;
   for (bool causal : {false, true})
     for (int S : {512, 1024, 2048, 4096, 8192, 16384}) {
       fwd_sm90_variants<128, FwdTiles<128>::type>(16384 / S, S, causal);
-      fwd_sm90_variants<64, FwdTiles<64>::type, FwdConfig<64, 2, 128, 3, true, true, 2, 2048>,
-                        FwdConfig<64, 3, 128, 3, true, true, 2, 4096>,
-                        FwdConfig<64, 2, 128, 4, true, true, 2, 2048>>(16384 / S, S, causal);
-      fwd_sm90_variants<256, FwdTiles<256>::type, FwdConfig<256, 2, 64, 2, false, true, 1, 0, true>>(
-          16384 / S, S, causal);
+      fwd_sm90_variants<64, FwdTiles<64>::type, FwdConfig<Overlap64>, FwdConfig<OverlapThree64>,
+                        FwdConfig<OverlapFourStages64>>(16384 / S, S, causal);
+      fwd_sm90_variants<256, FwdTiles<256>::type, FwdConfig<NoOverlap256>>(16384 / S, S, causal);
     }
 }
 
@@ -1229,18 +1253,17 @@ int main(int argc, char** argv) {
   // where the kernels have code (not on other GPUs, nor on PTX the driver compiled).
   if (!jaxcraft::attn::sm90::fwd_sm90_available<DType::kBF16, 128>()) return fails ? 1 : 0;
   {
-    using jaxcraft::attn::sm90::BwdConfig;
+    using namespace jaxcraft::attn::sm90;
+    using bwd_alternatives::StagedThree128;
     for (bool causal : {false, true}) {
       // Head dim 64: 128-query steps (the plain default) vs 64-query steps
       // (the feature instances); TMA dQ from tiles of its own vs staged in
       // the Q/dO stage (the kBias instances), which leaves room for a third
       // stage at 128.
-      bwd_sm90_variants<64, BwdConfig<64, 2, false, false, true, false, 128>,
-                        BwdConfig<64, 3, false, false, true>,
-                        BwdConfig<64, 3, false, false, true, true>>(8, 2048, causal);
-      bwd_sm90_variants<128, BwdConfig<128, 2, false, false, true>,
-                        BwdConfig<128, 2, false, false, true, true>,
-                        BwdConfig<128, 3, false, false, true, true>>(8, 2048, causal);
+      bwd_sm90_variants<64, BwdConfig<BwdPlain64>, BwdConfig<BwdFeature64>, BwdConfig<BwdBias64>>(
+          8, 2048, causal);
+      bwd_sm90_variants<128, BwdConfig<BwdPlain128>, BwdConfig<BwdBias128>, BwdConfig<StagedThree128>>(
+          8, 2048, causal);
     }
   }
   fwd_persistent_variants();

@@ -32,59 +32,32 @@
 #include "kernels/attention/sm90/hopper.cuh"
 #include "kernels/attention/sm90/tensor_map.h"
 #include "kernels/attention/sm90/tile_order.h"
+#include "kernels/attention/sm90/tiles.h"
 #include "kernels/attention/softmax.cuh"
 
 namespace jaxcraft {
 namespace attn {
 namespace sm90 {
 
-// dQ = dS K: with kDqByKeys each warpgroup multiplies its own 64 keys (no
-// barrier between warpgroups, twice the fp32 atomics); otherwise the two
-// split dQ's 64-column blocks over all 128 keys after a barrier (head dim
-// 64, one block: they take turns by step).
-// kSplitD (head dim 256, where 64 keys x 256 columns of dK plus dV would be
-// 256 registers per thread): both warpgroups take the same 64 keys and own
-// half the columns of dK, dV and dQ each. Each computes S^T and dP^T for
-// half the step's queries (N = 32), and P^T and dS^T meet in shared memory
-// for the dV and dK products (SS wgmma) after a barrier. (Both computing
-// all of S^T and dP^T, with P^T and dS^T from registers, spent 7 GEMM
-// units of tensor work where 5 suffice.)
-// kDqTma (dQ split by columns): each warpgroup writes its 64 x 64 dQ block
-// to its own float32 tile in shared memory and one thread adds it into
-// dq_accum with TMA bulk reductions, in place of 16-32 red.add per thread
-// (their issue and address arithmetic took a quarter of the H128 kernel's
-// warp samples under ncu).
-// kDqInStage (with kDqTma, where there is no room for dQ tiles of their own:
-// kSplitD, the kBias instances): once both warpgroups are done with the
-// step's Q and dO tiles, dQ is staged in them (a warpgroup's columns in one
-// tile, or the turn's block across both), and the stage is released when
-// the reductions have read it.
-// kBlockM_ = 128 (kDqByRows; head dim 64, plain instance): 128 queries per
-// step, and each warpgroup takes 64 query rows of the step's dQ over all
-// 128 keys, so both compute dQ every step and no turn is taken (each a
-// step late, on mbarriers instead of a barrier between the warpgroups: see
-// ds_full in the kernel). At head dim 64 a 64-query step is short (each
-// product 64 x 64 x 64) and its fixed costs (ring wait, lse/delta loads,
-// the dS^T barrier, a dQ reduction) weigh more. The visibility bitmask of
-// the feature instances holds 64 queries, so they keep kBlockM = 64.
-template <int kHeadDim_, int kStages_, bool kDqByKeys_, bool kSplitD_ = false, bool kDqTma_ = false,
-          bool kDqInStage_ = false, int kBlockM_ = 64>
+// Sizes, register split and shared-memory layout of a backward tile
+// configuration (tiles.h).
+template <class Tiles>
 struct BwdConfig {
-  static constexpr bool kDqByKeys = kDqByKeys_ || kSplitD_;
-  static constexpr bool kSplitD = kSplitD_;
-  static constexpr bool kDqTma = kDqTma_;
-  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kDqByKeys = Tiles::kDqByKeys || Tiles::kSplitD;
+  static constexpr bool kSplitD = Tiles::kSplitD;
+  static constexpr bool kDqTma = Tiles::kDqTma;
+  static constexpr int kHeadDim = Tiles::kHeadDim;
   static constexpr int kConsumers = 2;
   static constexpr int kBlockN = kSplitD ? kWgmmaM : kConsumers * kWgmmaM;  // keys per CTA
   static constexpr int kAccCols = kSplitD ? kHeadDim / kConsumers : kHeadDim;  // of dK, dV
-  static constexpr int kBlockM = kBlockM_;               // queries per step
+  static constexpr int kBlockM = Tiles::kBlockM;               // queries per step
   static constexpr bool kDqByRows = kBlockM == kConsumers * kWgmmaM;
   static constexpr int kDqRows = kDqByRows ? kWgmmaM : kBlockM;  // of a warpgroup's dQ
   static_assert(kBlockM == 64 || (kDqByRows && kHeadDim == kSwizzleCols && !kDqByKeys &&
-                                  kDqTma && !kDqInStage_),
+                                  kDqTma && !Tiles::kDqInStage),
                 "128-query steps: head dim 64, dQ by rows through TMA tiles of their own");
   static constexpr int kSN = kSplitD ? kBlockM / kConsumers : kBlockM;  // of S^T per warpgroup
-  static constexpr int kStages = kStages_;
+  static constexpr int kStages = Tiles::kStages;
   static constexpr int kThreads = (kConsumers + 1) * kWarpgroupThreads;
   static constexpr int kColBlocks = kHeadDim / kSwizzleCols;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // K or V
@@ -102,7 +75,7 @@ struct BwdConfig {
   // (128-byte) swizzled boxes.
   static constexpr int kDqBoxCols = kSwizzleRowBytes / 4;
   static constexpr int kDqBlockBytes = kDqRows * kSwizzleCols * 4;  // one 64-column block
-  static constexpr bool kDqInStage = kDqInStage_;
+  static constexpr bool kDqInStage = Tiles::kDqInStage;
   static_assert(!kDqInStage || kDqTma, "dQ staged for TMA reductions");
   static_assert(!(kSplitD && kDqTma) || kDqInStage, "kSplitD has no room for dQ tiles");
   // dQ columns per warpgroup and step: kSplitD's half, else one block.
@@ -135,7 +108,7 @@ struct BwdConfig {
   // 24, as in the kScores instances) it spills none. Head dim 64 keeps
   // 40 / 232: at 240 its 128-query steps spill more, not less (48 bytes
   // reloaded against 32).
-  static constexpr bool kWideConsumers = kSplitD || kHeadDim_ != 64;
+  static constexpr bool kWideConsumers = kSplitD || kHeadDim != 64;
   static constexpr int kProducerRegs = kWideConsumers ? 24 : 40;
   static constexpr int kConsumerRegs = kWideConsumers ? 240 : 232;
   // kScores and up: their consumers need every register they can get (the
@@ -161,32 +134,6 @@ struct BwdConfig {
   static_assert(kProducerRegs * kWarpgroupThreads + kConsumerRegs * kConsumers *
                         kWarpgroupThreads <= 64 * 1024, "register file");
 };
-
-template <int kHeadDim>
-struct BwdTiles;
-// Head dim 128 fits the TMA dQ tiles with a 2-stage ring (3 stages measure
-// the same); so does head dim 64 with 128-query steps.
-template <>
-struct BwdTiles<64> { using type = BwdConfig<64, 2, false, false, true, false, 128>; };
-template <>
-struct BwdTiles<128> { using type = BwdConfig<128, 2, false, false, true>; };
-template <>
-struct BwdTiles<256> { using type = BwdConfig<256, 2, true, true, true, true>; };
-// Segment ids, the boolean mask, soft cap and dropout (kMasks, kScores,
-// kDropout): 64-query steps (their visibility bits cover 64 queries).
-template <int kHeadDim>
-struct BwdFeatureTiles : BwdTiles<kHeadDim> {};
-template <>
-struct BwdFeatureTiles<64> { using type = BwdConfig<64, 3, false, false, true>; };
-// kBias instances: the bias tiles take the room of the TMA dQ tiles (head
-// dim 64 and 128: dQ goes through the stage); head dim 256 has no room for
-// them (its bias is read per element, kScores).
-template <int kHeadDim>
-struct BwdBiasTiles : BwdTiles<kHeadDim> {};
-template <>
-struct BwdBiasTiles<64> { using type = BwdConfig<64, 3, false, false, true, true>; };
-template <>
-struct BwdBiasTiles<128> { using type = BwdConfig<128, 2, false, false, true, true>; };
 
 struct BwdSm90Args {
   CUtensorMap q_map, do_map;   // box kBlockM rows

@@ -36,72 +36,28 @@
 #include "kernels/attention/sm90/hopper.cuh"
 #include "kernels/attention/sm90/tensor_map.h"
 #include "kernels/attention/sm90/tile_order.h"
+#include "kernels/attention/sm90/tiles.h"
 #include "kernels/attention/softmax.cuh"
 
 namespace jaxcraft {
 namespace attn {
 namespace sm90 {
 
-// kOverlap: each warpgroup computes tile i + 1's scores and softmax while
-// tile i's P V runs (needs a third ring stage, else the K/V load of tile
-// i + 2, which can only start once P V of tile i has released its stage, is
-// exposed: measured 513 -> 459 TFLOP/s at H128 with two stages, 614 with three).
-// kPersistent: a persistent grid (one CTA per SM striding through the work
-// items) without a causal mask, and with one when the queries are at most
-// kCausalPersistRows (beyond that, one CTA per item measured faster).
-// kQBufs = 2 (where shared memory has room): the Q tiles of consecutive
-// work items alternate between two buffers, so the next item's Q loads while
-// this item computes and stores its O, instead of after that store.
-// kOInStage: in persistent launches, O is staged in the item's last K/V
-// stage (once every consumer warpgroup is done with it) instead of the Q
-// tile, so the Q tile is released for the next item as soon as this item's
-// last S = Q K^T is in (measured +3-5% at S <= 1024; with one item per CTA
-// the extra barrier cost 0-7%).
-// kSplitKV: K and V of a stage arrive and are released on barriers of their
-// own, K once the tile's scores are masked, V after its P V. The overlapped
-// loop then needs only two stages: tile i + 2's K load waits for tile i's
-// S = Q K^T, not for its P V (head dim 256, where a third stage does not fit).
-// kStagger: the second consumer warpgroup issues an item's first product
-// after the first has issued its own (a named barrier), so the two
-// prologues' softmaxes do not both leave the tensor cores idle (plain
-// instance; head dim 128: 2-4% at S <= 1024; at 256 it lost 2-7%).
-// kSumByMma: the softmax's row sums come from the tensor cores (every
-// instance but dropout's): P V runs with N = head dim + 8, B's extra 8
-// columns reading a block of ones, so O's last accumulator columns hold
-// each row's sum of P (rounded as P V uses it), rescaled with O. That drops
-// one FADD per probability from the softmax, whose issue slots at head dim
-// 64 cost about as much as the products (2-3% on full rows, docs/design.md).
-// kHalfTiles: without the overlap, a warpgroup's last live key tile runs
-// at half width (S = Q K^T with N = kBN / 2, P V over kBN / 2 keys) when
-// its rows see none of the tile's second half: every other warpgroup on a
-// causal diagonal when kBN is twice the warpgroup's 64 rows (head dim 64:
-// S512 causal 3-5% faster, S1024 causal 2-3.5%, full rows up to 2.6% slower,
-// docs/design.md).
-// kBalancedPairs: causal launches run pairs (query tile r, then tile
-// m - 1 - r of the same head; a fixed stride, not the tile counter), and in
-// the upper tile the warpgroups take their rows in reverse order. On a
-// causal diagonal a tile's later warpgroups see more key tiles than its
-// first; reversed in one tile of the pair, every warpgroup sees the same
-// number over the pair, and the ring, which moves at its slowest
-// warpgroup's pace, idles none (head dim 64 at S512 causal: 9 key tiles
-// each, where a tile cost its slowest warpgroup's 4 and 8; 7% faster kernel
-// alone, docs/design.md).
-template <int kHeadDim_, int kConsumers_, int kBlockN_, int kStages_, bool kOverlap_ = false,
-          bool kPersistent_ = false, int kQBufs_ = 1, int kCausalPersistRows_ = 0,
-          bool kOInStage_ = false, bool kSplitKV_ = false, bool kStagger_ = false,
-          bool kSumByMma_ = false, bool kHalfTiles_ = false, bool kBalancedPairs_ = false>
+// Sizes, register split and shared-memory layout of a forward tile
+// configuration (tiles.h).
+template <class Tiles>
 struct FwdConfig {
-  static constexpr bool kBalancedPairs = kBalancedPairs_;
-  static constexpr bool kSumByMma = kSumByMma_;
-  static constexpr bool kHalfTiles = kHalfTiles_;
-  static constexpr bool kStagger = kStagger_;
-  static constexpr bool kSplitKV = kSplitKV_;
-  static constexpr bool kOInStage = kOInStage_;
-  static constexpr bool kOverlap = kOverlap_;
-  static constexpr bool kPersistent = kPersistent_;
-  static constexpr int kQBufs = kQBufs_;
-  static constexpr int kCausalPersistRows = kCausalPersistRows_;
-  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kBalancedPairs = Tiles::kBalancedPairs;
+  static constexpr bool kSumByMma = Tiles::kSumByMma;
+  static constexpr bool kHalfTiles = Tiles::kHalfTiles;
+  static constexpr bool kStagger = Tiles::kStagger;
+  static constexpr bool kSplitKV = Tiles::kSplitKV;
+  static constexpr bool kOInStage = Tiles::kOInStage;
+  static constexpr bool kOverlap = Tiles::kOverlap;
+  static constexpr bool kPersistent = Tiles::kPersistent;
+  static constexpr int kQBufs = Tiles::kQBufs;
+  static constexpr int kCausalPersistRows = Tiles::kCausalPersistRows;
+  static constexpr int kHeadDim = Tiles::kHeadDim;
   // A causal pair's item with fewer keys runs first (see short_first in the
   // kernel). Head dim 128 read only the minimum either way, and short first
   // was 3% slower there at S512 causal; head dim 64 ran 2% slower on every
@@ -114,10 +70,10 @@ struct FwdConfig {
   // 3% (256) slower at S <= 2048, so they keep the fixed stride and the
   // causal pairs (H100, docs/design.md).
   static constexpr bool kTileCounter = kHeadDim == 64;
-  static constexpr int kConsumers = kConsumers_;
+  static constexpr int kConsumers = Tiles::kConsumers;
   static constexpr int kBlockM = kConsumers * kWgmmaM;
-  static constexpr int kBlockN = kBlockN_;
-  static constexpr int kStages = kStages_;
+  static constexpr int kBlockN = Tiles::kBlockN;
+  static constexpr int kStages = Tiles::kStages;
   static_assert(!kStagger || (kOverlap && kConsumers == 2 && kOInStage), "stagger: two overlapped warpgroups, O in the stage");
   static constexpr int kThreads = (kConsumers + 1) * kWarpgroupThreads;
   static constexpr int kColBlocks = kHeadDim / kSwizzleCols;
@@ -173,63 +129,6 @@ struct FwdConfig {
 // reference) holds: kBN, or kBN / 2 for a half tile (kHalfTiles).
 template <class Slab>
 constexpr int kSlabKeys = 8 * std::extent_v<std::remove_reference_t<Slab>, 1>;
-
-// Tiles per head-dim bucket (bf16/f16). Measured in the standalone
-// variants (docs/design.md): two Q buffers and a third stage at head dim 64
-// (+7-16% at S <= 2048), a causal persistent grid up to 4096 queries at 64
-// and 128 (+3-35%; a 1-2% loss beyond), split K/V barriers and the
-// overlapped loop at head dim 256 (+3-11%; at 64 and 128 the split alone
-// changed nothing), and with them a causal persistent grid up to 2048
-// queries there (+3-7%; without the overlap it lost 1-3%).
-template <int kHeadDim>
-struct FwdTiles;
-template <>
-struct FwdTiles<64> {
-  using type = FwdConfig<64, 3, 128, 3, false, true, 2, 4096, false, false, false, true, true>;
-};
-template <>
-struct FwdTiles<128> { using type = FwdConfig<128, 2, 128, 3, true, true, 1, 4096, true, false, true>; };
-template <>
-struct FwdTiles<256> { using type = FwdConfig<256, 2, 64, 2, true, true, 1, 2048, true, true>; };
-// Head dim 64's plain instance on short rows: four consumer warpgroups (256
-// query rows) over 64-key tiles (at 112 registers, 128-key score tiles spill
-// 860 bytes). S512 full 2.4% and causal 2.8% faster than FwdTiles<64>
-// kernel alone, where 192-row tiles compute 576 rows for 512 (causal 9%
-// with the balanced pairs); from S1024 on twice the key tiles' softmax and
-// barrier steps lose 1-14% (H200, docs/design.md). Two-warpgroup 128-row
-// tiles lost 14-22% at S512.
-template <int kHeadDim>
-struct FwdShortTiles {
-  using type = void;
-};
-template <>
-struct FwdShortTiles<64> {
-  using type = FwdConfig<64, 4, 64, 6, false, true, 2, 4096, false, false, false, true, false, true>;
-};
-// (Head dim 64 under a causal mask up to 2048 queries took 128-query tiles
-// and the overlapped loop until each warpgroup skipped the tiles past its
-// rows' last key; since then the 192-query tiles are 5-8% faster there.)
-// kScores instances: head dim 64's 160-register consumers have no room for
-// the bias loads.
-template <int kHeadDim>
-struct FwdScoreTiles : FwdTiles<kHeadDim> {};
-template <>
-struct FwdScoreTiles<64> { using type = FwdConfig<64, 2, 128, 2>; };
-// kBias instances (the bias tile rides in each ring stage): head dim 128
-// takes 64-key tiles to keep three stages.
-template <int kHeadDim>
-struct FwdBiasTiles : FwdScoreTiles<kHeadDim> {};
-template <>
-struct FwdBiasTiles<128> { using type = FwdConfig<128, 2, 64, 3, true>; };
-// kDropout instances: the keep test's Philox rounds need the registers the
-// overlapped loop holds for the next tile, so head dims 128 and 256 run
-// without it (at 256 it spilled 28 bytes).
-template <int kHeadDim>
-struct FwdDropoutTiles : FwdScoreTiles<kHeadDim> {};
-template <>
-struct FwdDropoutTiles<128> { using type = FwdConfig<128, 2, 128, 2>; };
-template <>
-struct FwdDropoutTiles<256> { using type = FwdConfig<256, 2, 64, 2, false, true, 1, 0, true>; };
 
 struct FwdSm90Args {
   CUtensorMap q_map;  // box kBlockM rows
