@@ -50,7 +50,7 @@ struct BwdConfig {
   static constexpr int kConsumers = 2;
   static constexpr int kBlockN = kSplitD ? kWgmmaM : kConsumers * kWgmmaM;  // keys per CTA
   static constexpr int kAccCols = kSplitD ? kHeadDim / kConsumers : kHeadDim;  // of dK, dV
-  static constexpr int kBlockM = Tiles::kBlockM;               // queries per step
+  static constexpr int kBlockM = Tiles::kBlockM;  // queries per step
   static constexpr bool kDqByRows = kBlockM == kConsumers * kWgmmaM;
   static constexpr int kDqRows = kDqByRows ? kWgmmaM : kBlockM;  // of a warpgroup's dQ
   static_assert(kBlockM == 64 || (kDqByRows && kHeadDim == kSwizzleCols && !kDqByKeys &&
