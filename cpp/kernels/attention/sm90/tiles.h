@@ -2,8 +2,9 @@
 // configuration derives from FwdTileDefaults or BwdTileDefaults and sets
 // only what differs; FwdConfig and BwdConfig (fwd_kernel.cuh,
 // bwd_kernel.cuh) derive sizes, register splits and shared-memory layouts
-// from it. The traits at the end pick one per head-dim bucket and kernel
-// instance, each with the measurement behind it (more in docs/design.md).
+// from it. The traits after each part's configurations pick one per
+// head-dim bucket and kernel instance; each configuration carries the
+// measurement behind it (more in docs/design.md).
 #pragma once
 
 namespace jaxcraft {
@@ -112,8 +113,8 @@ struct FwdShort64 : FwdTileDefaults {
   static constexpr bool kPersistent = true, kSumByMma = true, kBalancedPairs = true;
   static constexpr int kQBufs = 2, kCausalPersistRows = 4096;
 };
-// kScores instances at head dim 64: its 160-register consumers have no room
-// for the bias loads; two consumers, one CTA per item.
+// kScores instances at head dim 64: FwdPlain64's 160-register consumers have
+// no room for the bias loads; two consumers, one CTA per item.
 struct FwdScores64 : FwdTileDefaults {
   static constexpr int kHeadDim = 64, kConsumers = 2, kBlockN = 128;
 };
