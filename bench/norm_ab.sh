@@ -11,7 +11,10 @@
 # drift shows), writes $OUT/norm_ab.txt and prints, per row, old's best
 # forward and backward times and each side's over old's.
 set -euo pipefail
-[[ -d .ab_old/cpp ]] || { echo "no .ab_old/cpp: run 'bash bench/attention_ab.sh prepare REV' here and carry .ab_old"; exit 1; }
+[[ -d .ab_old/cpp ]] || {
+  echo "no .ab_old/cpp: run 'bash bench/attention_ab.sh prepare REV' here and carry .ab_old"
+  exit 1
+}
 sides=(${AB_SIDES:-old new})
 out=${OUT:-bench/out}
 bin=/tmp/norm_ab

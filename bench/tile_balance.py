@@ -5,9 +5,10 @@ for the group of heads the launcher picks and for other group sizes.
   python bench/tile_balance.py [B,S,N,K[,D] ...]   (default: the decoder bench's D128 shapes)
 
 One CTA per SM takes one key tile (128 keys; 64 at head dim 256) of one KV head and walks the
-query tiles its keys are seen by, for each of the N / K query heads of its group: (N / K) * (tiles - rank) steps, plus a fixed
-cost per CTA. CTAs start in the launcher's order (tile-major within groups of `group` (KV head,
-batch) pairs, the largest tiles first) as SMs free up. Times are in steps; the model ignores L2.
+query tiles its keys are seen by, for each of the N / K query heads of its group:
+(N / K) * (tiles - rank) steps, plus a fixed cost per CTA. CTAs start in the launcher's order
+(tile-major within groups of `group` (KV head, batch) pairs, the largest tiles first) as SMs free
+up. Times are in steps; the model ignores L2.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ GROUP_BYTES = 16 << 20  # kTileGroupBytes
 CTA_COST = 2  # steps of start and end per CTA (K/V load, dK/dV store)
 
 
+def key_tiles(seqlen: int, head_dim: int) -> int:
+  return -(-seqlen // KEY_TILE[head_dim])
+
+
 def launcher_group(seqlen: int, heads: int, kv_heads: int, batch: int, head_dim: int = 128) -> int:
   """The group launch_bwd_sm90 picks: Q and dO (float32 bytes, all query heads of a KV head)
   of a group within GROUP_BYTES, doubled while the group's tiles cover under 15/16 of the SMs,
@@ -28,7 +33,7 @@ def launcher_group(seqlen: int, heads: int, kv_heads: int, batch: int, head_dim:
   per_head = seqlen * head_dim * 4 * (heads // kv_heads)
   pairs = kv_heads * batch
   group = max(1, min(GROUP_BYTES // per_head, pairs))
-  tiles = -(-seqlen // KEY_TILE[head_dim])
+  tiles = key_tiles(seqlen, head_dim)
   while group * tiles * 16 < SMS * 15 and group < pairs:
     group *= 2
   return min(group, pairs, 4 if tiles <= 4 else 16)
@@ -37,7 +42,8 @@ def launcher_group(seqlen: int, heads: int, kv_heads: int, batch: int, head_dim:
 def busy(seqlen: int, heads: int, kv_heads: int, batch: int, group: int,
          head_dim: int = 128) -> float:
   """Total work over SMS x the time the last CTA ends."""
-  tiles, pairs, steps_per_tile = -(-seqlen // KEY_TILE[head_dim]), kv_heads * batch, heads // kv_heads
+  tiles, pairs = key_tiles(seqlen, head_dim), kv_heads * batch
+  steps_per_tile = heads // kv_heads
   work = []
   for first in range(0, pairs, group):
     members = min(group, pairs - first)
@@ -60,8 +66,9 @@ def main():
     chosen = launcher_group(seqlen, heads, kv_heads, batch, head_dim)
     others = "  ".join(f"{g}: {busy(seqlen, heads, kv_heads, batch, g, head_dim):.0%}"
                        for g in (1, 2, 4, 8, 16) if g <= kv_heads * batch)
-    print(f"B {batch} S {seqlen} heads {heads}/{kv_heads} D{head_dim}: launcher's group {chosen} -> "
-          f"{busy(seqlen, heads, kv_heads, batch, chosen, head_dim):.0%} busy; by group  {others}")
+    chosen_busy = busy(seqlen, heads, kv_heads, batch, chosen, head_dim)
+    print(f"B {batch} S {seqlen} heads {heads}/{kv_heads} D{head_dim}: launcher's group {chosen} "
+          f"-> {chosen_busy:.0%} busy; by group  {others}")
 
 
 if __name__ == "__main__":
