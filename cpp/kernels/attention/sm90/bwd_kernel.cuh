@@ -27,6 +27,8 @@
 #include "kernels/attention/kernel_args.h"
 #include "kernels/attention/mask.cuh"
 #include "kernels/attention/mma_sm80.cuh"
+#include "kernels/attention/sm90/bwd_args.h"
+#include "kernels/attention/sm90/bwd_config.cuh"
 #include "kernels/attention/sm90/entry.h"
 #include "kernels/attention/sm90/features.cuh"
 #include "kernels/attention/sm90/hopper.cuh"
@@ -39,117 +41,6 @@ namespace jaxcraft {
 namespace attn {
 namespace sm90 {
 
-// Sizes, register split and shared-memory layout of a backward tile
-// configuration (tiles.h).
-template <class Tiles>
-struct BwdConfig {
-  static constexpr bool kDqByKeys = Tiles::kDqByKeys || Tiles::kSplitD;
-  static constexpr bool kSplitD = Tiles::kSplitD;
-  static constexpr bool kDqTma = Tiles::kDqTma;
-  static constexpr int kHeadDim = Tiles::kHeadDim;
-  static constexpr int kConsumers = 2;
-  static constexpr int kBlockN = kSplitD ? kWgmmaM : kConsumers * kWgmmaM;  // keys per CTA
-  static constexpr int kAccCols = kSplitD ? kHeadDim / kConsumers : kHeadDim;  // of dK, dV
-  static constexpr int kBlockM = Tiles::kBlockM;  // queries per step
-  static constexpr bool kDqByRows = kBlockM == kConsumers * kWgmmaM;
-  static constexpr int kDqRows = kDqByRows ? kWgmmaM : kBlockM;  // of a warpgroup's dQ
-  static_assert(kBlockM == 64 || (kDqByRows && kHeadDim == kSwizzleCols && !kDqByKeys &&
-                                  kDqTma && !Tiles::kDqInStage),
-                "128-query steps: head dim 64, dQ by rows through TMA tiles of their own");
-  static constexpr int kSN = kSplitD ? kBlockM / kConsumers : kBlockM;  // of S^T per warpgroup
-  static constexpr int kStages = Tiles::kStages;
-  static constexpr int kThreads = (kConsumers + 1) * kWarpgroupThreads;
-  static constexpr int kColBlocks = kHeadDim / kSwizzleCols;
-  static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // K or V
-  static constexpr int kQBytes = kBlockM * kHeadDim * 2;   // Q or dO
-  static constexpr int kVecBytes = kBlockM * 4;            // lse, delta or query segment ids
-  static constexpr int kStageBytes = 2 * kQBytes;          // Q and dO
-  // Per stage, apart from the swizzled tiles (whose alignment would pad
-  // them): lse, delta, and for the feature instances the query segment ids
-  // and their range.
-  static constexpr int kVecStageBytes = 3 * kVecBytes + 16;
-  // dS^T [keys][queries], double-buffered by step; kSplitD: P^T too.
-  static constexpr int kDsBytes = kBlockN * kBlockM * 2;
-  static constexpr int kDsBuffers = kSplitD ? 4 : 2;
-  // kDqTma: per warpgroup, dQ rows x 64 columns in float32, as 32-column
-  // (128-byte) swizzled boxes.
-  static constexpr int kDqBoxCols = kSwizzleRowBytes / 4;
-  static constexpr int kDqBlockBytes = kDqRows * kSwizzleCols * 4;  // one 64-column block
-  static constexpr bool kDqInStage = Tiles::kDqInStage;
-  static_assert(!kDqInStage || kDqTma, "dQ staged for TMA reductions");
-  static_assert(!(kSplitD && kDqTma) || kDqInStage, "kSplitD has no room for dQ tiles");
-  // dQ columns per warpgroup and step: kSplitD's half, else one block.
-  static constexpr int kDqCols = kSplitD ? kAccCols : kSwizzleCols;
-  static_assert(!kDqInStage || kDqCols / kSwizzleCols * kDqBlockBytes <=
-                                   (kColBlocks == 1 ? 2 : 1) * kQBytes,
-                "a warpgroup's dQ columns fit its Q or dO tile (one block: both)");
-  static constexpr int kDqBytes = kDqTma && !kDqInStage ? kDqBlockBytes : 0;
-  // One dQ column block per warpgroup and step in tiles of its own (head
-  // dim 128): warp 1 of the producer warpgroup issues their reductions (dQ
-  // full / empty barriers, in the kernel), so that no consumer waits on the
-  // TMA unit. H100, plain instance alone: 1-7% faster (S8192 causal 2348 ->
-  // 2187 us). Not at head dim 64 (its 128-query steps' tiles by rows): the
-  // plain instance's spills grew from 28 to 52 bytes and it ran 2-4% slower.
-  // Head dim 256 (kSplitD: dQ staged in the ring stage) likewise, warp 1
-  // then releasing the stage: 1-8% faster (H100; S16384 causal 6738 ->
-  // 6210 us).
-  static constexpr bool kDqWarp =
-      kDqTma && (kDqInStage ? kSplitD
-                            : kDqBytes > 0 && !kDqByKeys && !kDqByRows && kColBlocks == kConsumers);
-  // kDqByRows: each dS^T buffer's full and empty mbarriers (the kernel's ds_full).
-  static constexpr int kDsBarrierBytes = kDqByRows ? 8 * 2 * kDsBuffers : 0;
-  static constexpr int kSmemBytes = kSwizzleAtomBytes + 2 * kKVBytes + kStages * kStageBytes +
-                                    kDsBuffers * kDsBytes + kConsumers * kDqBytes +
-                                    kStages * kVecStageBytes + ring_barrier_bytes(kStages) +
-                                    kDsBarrierBytes;
-  // The consumers hold S^T and dP^T plus dK, dV (split-D: half of them).
-  // With 232 the plain head-dim-128 instance spilled 40 bytes, reloaded
-  // every step (11 LDL in the step loop's SASS); with 240 (the producer at
-  // 24, as in the kScores instances) it spills none. Head dim 64 keeps
-  // 40 / 232: at 240 its 128-query steps spill more, not less (48 bytes
-  // reloaded against 32).
-  static constexpr bool kWideConsumers = kSplitD || kHeadDim != 64;
-  static constexpr int kProducerRegs = kWideConsumers ? 24 : 40;
-  static constexpr int kConsumerRegs = kWideConsumers ? 240 : 232;
-  // kScores and up: their consumers need every register they can get (the
-  // fused P^T / dS^T pass); the producer warp copes with 24.
-  static constexpr int kScoreProducerRegs = 24;
-  static constexpr int kScoreConsumerRegs = 240;
-  // Lanes of the producer warp that write lse/delta and arrive, plus the
-  // arrive that carries the TMA byte count.
-  static constexpr int kFullArrivals = kWarpSize + 1;
-  static_assert(kDqByKeys || kColBlocks == kConsumers || kColBlocks == 1,
-                "dQ split by columns: one block each, or one block taken in turns");
-  static_assert(!kDqTma || !kDqByKeys || kSplitD,
-                "TMA dQ: one 64-column block per warpgroup and step, or kSplitD's halves");
-  static_assert(kAccCols % kSwizzleCols == 0, "dK/dV halves are whole column blocks");
-  static_assert(kSmemBytes <= 227 * 1024, "fits the sm_90 shared-memory opt-in");
-  // kBias instances: per ring stage, the bias tile (kBlockM queries x
-  // kBlockN keys, 16-bit or float32, swizzled) before the barriers.
-  static constexpr int bias_smem_bytes(bool f32) {
-    return kSmemBytes + kStages * kBlockM * kBlockN * (f32 ? 4 : 2);
-  }
-  static_assert(kScoreProducerRegs * kWarpgroupThreads + kScoreConsumerRegs * kConsumers *
-                        kWarpgroupThreads <= 64 * 1024, "register file");
-  static_assert(kProducerRegs * kWarpgroupThreads + kConsumerRegs * kConsumers *
-                        kWarpgroupThreads <= 64 * 1024, "register file");
-};
-
-struct BwdSm90Args {
-  CUtensorMap q_map, do_map;   // box kBlockM rows
-  CUtensorMap k_map, v_map;    // box 128 rows
-  CUtensorMap dk_map, dv_map;  // box 64 rows (one consumer warpgroup)
-  CUtensorMap dq_map;          // kDqTma: dq_accum, float32, box kDqRows x 32 columns
-  BwdArgs a;
-  CUtensorMap bias_map;  // kBias instances: box 64 query rows x 128 bytes of keys
-  // kBias with one writer per dbias element in the bias's dtype: each step's
-  // dS goes into the stage's bias tile (same layout) and out by TMA store;
-  // the kernel then writes every element (no memset).
-  CUtensorMap dbias_map;
-  int dbias_tma;
-  TileOrder order;  // of the launch grid (tile_order.h)
-};
-
 // kFeat (features.cuh): kPlain, or the instances that add segment ids and
 // the boolean mask (kMasks), also soft cap and bias (kScores, kBias), and
 // also dropout (kDropout), each a run-time branch inside them. The plain
@@ -160,22 +51,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #ifdef JAXCRAFT_SM90A_ENABLED
   constexpr int kD = Cfg::kHeadDim, kBM = Cfg::kBlockM, kBN = Cfg::kBlockN;
   constexpr int kStages = Cfg::kStages, kCB = Cfg::kColBlocks;
-  // Soft cap and dropout form P^T and dS^T in one pass after both products
-  // (score_step); the others, kBias included, form P^T while dP^T runs.
-  constexpr bool kFused = kFeat == kScores || kFeat == kDropout;
+  constexpr bool kFused = Cfg::fused(kFeat);
   static_assert(kFeat == kPlain || kBM == 64, "the feature instances' bitmasks hold 64 queries");
-  // kDqWarp, in the plain instance only: in the feature instances warp 1's
-  // loop spilled 24-56 bytes at the producer's 24 registers, and 32 cannot
-  // be had (128 x 32 + 256 x 240 exceeds the 168 x 384 the launch holds:
-  // the consumers' setmaxnreg.inc never returned). Named barriers 4 + c
-  // (warpgroup c's dQ tile written) and 6 + c (its reductions have read
-  // it), between that warpgroup and warp 1.
-  constexpr bool kDqWarp = Cfg::kDqWarp && kFeat == kPlain;
-  constexpr int kDqFullBarrier = 4, kDqEmptyBarrier = 6;
-  constexpr int kDqBarrierThreads = kWarpgroupThreads + kWarpSize;
-  // 128-query steps: dV waits for dS (dS goes into dpt), since P^T, its
-  // 16-bit copy, dP^T and dK/dV held together would need 224 registers.
-  constexpr bool kDvAfterDs = Cfg::kDqByRows;
+  constexpr bool kDqWarp = Cfg::dq_warp(kFeat);
+  constexpr int kDqFullBarrier = Cfg::kDqFullBarrier, kDqEmptyBarrier = Cfg::kDqEmptyBarrier;
+  constexpr int kDqBarrierThreads = Cfg::kDqBarrierThreads;
+  constexpr bool kDvAfterDs = Cfg::kDvAfterDs;
   const BwdArgs& a = p.a;
   const ShapeArgs& sh = a.shape;
 
