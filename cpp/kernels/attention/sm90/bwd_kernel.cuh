@@ -29,6 +29,7 @@
 #include "kernels/attention/mma_sm80.cuh"
 #include "kernels/attention/sm90/bwd_args.h"
 #include "kernels/attention/sm90/bwd_config.cuh"
+#include "kernels/attention/sm90/bwd_smem.cuh"
 #include "kernels/attention/sm90/entry.h"
 #include "kernels/attention/sm90/features.cuh"
 #include "kernels/attention/sm90/hopper.cuh"
@@ -50,7 +51,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args p) {
 #ifdef JAXCRAFT_SM90A_ENABLED
   constexpr int kD = Cfg::kHeadDim, kBM = Cfg::kBlockM, kBN = Cfg::kBlockN;
-  constexpr int kStages = Cfg::kStages, kCB = Cfg::kColBlocks;
+  constexpr int kCB = Cfg::kColBlocks;
   constexpr bool kFused = Cfg::fused(kFeat);
   static_assert(kFeat == kPlain || kBM == 64, "the feature instances' bitmasks hold 64 queries");
   constexpr bool kDqWarp = Cfg::dq_warp(kFeat);
@@ -61,34 +62,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const ShapeArgs& sh = a.shape;
 
   extern __shared__ unsigned char smem_raw[];
-  const uint32_t k_sa = swizzle_aligned(smem_raw);
-  const uint32_t v_sa = k_sa + Cfg::kKVBytes;
-  const uint32_t stage_sa = v_sa + Cfg::kKVBytes;
-  const uint32_t ds_sa = stage_sa + kStages * Cfg::kStageBytes;
-  // kSplitD: step i's P^T at p_sa + (i % 2) kDsBytes.
-  [[maybe_unused]] const uint32_t p_sa = ds_sa + 2 * Cfg::kDsBytes;
-  // kDqTma: warpgroup c's dQ tile at dq_sa + c kDqBytes.
-  const uint32_t dq_sa = ds_sa + Cfg::kDsBuffers * Cfg::kDsBytes;
-  // kBias: stage s's bias tile, between the dS^T buffers and the vectors.
-  [[maybe_unused]] const int bias_tile_bytes = kBM * kBN * (a.scores.bias_f32 ? 4 : 2);
-  [[maybe_unused]] auto bias_tile = [&](int s) { return dq_sa + s * bias_tile_bytes; };
-  const uint32_t vec_sa = dq_sa + Cfg::kConsumers * Cfg::kDqBytes +
-                          (kFeat == kBias ? kStages * bias_tile_bytes : 0);
-  const RingBarriers<kStages> ring{vec_sa + kStages * Cfg::kVecStageBytes};
-  // kDqByRows: warpgroup c's dQ of step i reads both warpgroups' dS^T of
-  // step i, and runs in step i + 1 (once that step's dK and dV are done),
-  // so that neither warpgroup waits for the other's dS^T at a barrier
-  // (5-9% faster than the barrier per step; docs/design.md): dS^T buffer
-  // i % 2 is full once every consumer thread has written it, and empty
-  // once every consumer thread's dQ product has read it (one arrival per
-  // thread, after its own stores or wait).
-  auto ds_full = [&](int buf) { return ring.base + RingBarriers<kStages>::kBytes + 8 * buf; };
-  auto ds_empty = [&](int buf) { return ds_full(Cfg::kDsBuffers + buf); };
-  auto q_tile = [&](int s) { return stage_sa + s * Cfg::kStageBytes; };
-  auto do_tile = [&](int s) { return q_tile(s) + Cfg::kQBytes; };
-  auto lse_vec = [&](int s) { return vec_sa + s * Cfg::kVecStageBytes; };
-  auto delta_vec = [&](int s) { return lse_vec(s) + Cfg::kVecBytes; };
-  [[maybe_unused]] auto qid_vec = [&](int s) { return delta_vec(s) + Cfg::kVecBytes; };
+  const BwdSmem<Cfg, kFeat> sm(smem_raw, a.scores.bias_f32);
 
   const int tid = threadIdx.x;
   // wg broadcast from lane 0 so that ptxas knows it is warp-uniform, as in
@@ -98,12 +72,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int wg = kD == 64 ? tid / kWarpgroupThreads
                           : __shfl_sync(0xffffffffu, tid / kWarpgroupThreads, 0);
   const int lane = tid % kWarpSize;
-  if (tid == 0) {
-    if constexpr (Cfg::kDqByRows)
-      for (int i = 0; i < 2 * Cfg::kDsBuffers; ++i)
-        mbar_init(ds_full(i), Cfg::kConsumers * kWarpgroupThreads);
-    ring.init(Cfg::kFullArrivals, Cfg::kConsumers * kWarpgroupThreads);  // fences the inits
-  }
+  sm.init(tid);
   __syncthreads();
 
   // Lowest key tiles first: under a causal mask they see the most queries.
@@ -140,8 +109,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             for (int c = 0; c < Cfg::kConsumers; ++c) {
               named_barrier_sync(kDqFullBarrier + c, kDqBarrierThreads);
               if (lane == 0) {
-                const uint32_t tile = Cfg::kDqInStage ? q_tile(ring.stage(it)) + c * Cfg::kQBytes
-                                                      : dq_sa + c * Cfg::kDqBytes;
+                const uint32_t tile = Cfg::kDqInStage ? sm.q_tile(sm.ring.stage(it)) + c * Cfg::kQBytes
+                                                      : sm.dq_sa + c * Cfg::kDqBytes;
 #pragma unroll
                 for (int blk = 0; blk < Cfg::kDqCols / kSwizzleCols; ++blk)
 #pragma unroll
@@ -152,7 +121,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                                       c * Cfg::kDqCols + blk * kSwizzleCols + box * Cfg::kDqBoxCols,
                                       h, mt * kBM, b);
                 tma_store_commit_and_wait();
-                if constexpr (Cfg::kDqInStage) mbar_arrive(ring.empty(ring.stage(it)));
+                if constexpr (Cfg::kDqInStage) mbar_arrive(sm.ring.empty(sm.ring.stage(it)));
               }
               __syncwarp();
               if (h < last_h || mt < mt_end - 1)
@@ -163,12 +132,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     if (tid >= kWarpSize) return;
     if (lane == 0) {
-      mbar_arrive_expect_tx(ring.once(), 2 * Cfg::kKVBytes);
+      mbar_arrive_expect_tx(sm.ring.once(), 2 * Cfg::kKVBytes);
 #pragma unroll
       for (int cb = 0; cb < kCB; ++cb) {
-        tma_load_4d(k_sa + cb * col_block_bytes<kBN>(), &p.k_map, ring.once(), cb * kSwizzleCols,
+        tma_load_4d(sm.k_sa + cb * col_block_bytes<kBN>(), &p.k_map, sm.ring.once(), cb * kSwizzleCols,
                     kv_head, n0, b);
-        tma_load_4d(v_sa + cb * col_block_bytes<kBN>(), &p.v_map, ring.once(), cb * kSwizzleCols,
+        tma_load_4d(sm.v_sa + cb * col_block_bytes<kBN>(), &p.v_map, sm.ring.once(), cb * kSwizzleCols,
                     kv_head, n0, b);
       }
     }
@@ -176,20 +145,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (int h = kv_head * group; h < (kv_head + 1) * group; ++h) {
       const int64_t row_base = (int64_t(b) * sh.num_heads + h) * sh.seqlen_q;
       for (int mt = mt_begin; mt < mt_end; ++mt, ++it) {
-        const int s = ring.stage(it);
-        ring.wait_free(it);
+        const int s = sm.ring.stage(it);
+        sm.ring.wait_free(it);
         if (lane == 0) {
-          mbar_arrive_expect_tx(ring.full(s),
-                                2 * Cfg::kQBytes + (kFeat == kBias ? bias_tile_bytes : 0));
+          mbar_arrive_expect_tx(sm.ring.full(s),
+                                2 * Cfg::kQBytes + (kFeat == kBias ? sm.bias_tile_bytes : 0));
 #pragma unroll
           for (int cb = 0; cb < kCB; ++cb) {
-            tma_load_4d(q_tile(s) + cb * col_block_bytes<kBM>(), &p.q_map, ring.full(s),
+            tma_load_4d(sm.q_tile(s) + cb * col_block_bytes<kBM>(), &p.q_map, sm.ring.full(s),
                         cb * kSwizzleCols, h, mt * kBM, b);
-            tma_load_4d(do_tile(s) + cb * col_block_bytes<kBM>(), &p.do_map, ring.full(s),
+            tma_load_4d(sm.do_tile(s) + cb * col_block_bytes<kBM>(), &p.do_map, sm.ring.full(s),
                         cb * kSwizzleCols, h, mt * kBM, b);
           }
           if constexpr (kFeat == kBias)  // queries mt kBM.., keys n0..
-            load_bias_tile<kBM, kBN>(bias_tile(s), &p.bias_map, ring.full(s), a.scores, n0, mt * kBM,
+            load_bias_tile<kBM, kBN>(sm.bias_tile(s), &p.bias_map, sm.ring.full(s), a.scores, n0, mt * kBM,
                                      h, b);
         }
         // Queries past q_len (or with no visible key: lse = -inf) get an
@@ -201,13 +170,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           const float l = q < lens.q_len ? a.lse[row_base + q] : -INFINITY;
           const float dl = q < sh.seqlen_q ? a.delta[row_base + q] : 0.f;
           const float l2 = l == -INFINITY ? INFINITY : l * kLog2e;
-          asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(lse_vec(s) + 4 * i), "f"(l2) : "memory");
-          asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(delta_vec(s) + 4 * i), "f"(dl) : "memory");
+          asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(sm.lse_vec(s) + 4 * i), "f"(l2) : "memory");
+          asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(sm.delta_vec(s) + 4 * i), "f"(dl) : "memory");
           if constexpr (kFeat != kPlain) {
             // Query segment ids (queries past T read query T - 1: their P is 0).
             if (a.mask.q_segment_ids != nullptr) {
               const int id = a.mask.q_segment_ids[int64_t(b) * sh.seqlen_q + min(q, sh.seqlen_q - 1)];
-              asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(qid_vec(s) + 4 * i), "r"(id) : "memory");
+              asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sm.qid_vec(s) + 4 * i), "r"(id) : "memory");
               id_lo = min(id_lo, id);
               id_hi = max(id_hi, id);
             }
@@ -219,13 +188,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             id_lo = warp_min(id_lo);
             id_hi = warp_max(id_hi);
             if (lane == 0) {
-              asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(qid_vec(s) + Cfg::kVecBytes),
+              asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(sm.qid_vec(s) + Cfg::kVecBytes),
                            "r"(id_lo), "r"(id_hi)
                            : "memory");
             }
           }
         }
-        mbar_arrive(ring.full(s));
+        mbar_arrive(sm.ring.full(s));
       }
     }
     return;
@@ -287,7 +256,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       int2 q_range;
       asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n"
                    : "=r"(q_range.x), "=r"(q_range.y)
-                   : "r"(qid_vec(s) + Cfg::kVecBytes));
+                   : "r"(sm.qid_vec(s) + Cfg::kVecBytes));
       const int cover = segment_cover(key_id_lo, key_id_hi, q_range.x, q_range.y);
       if (cover != kSegAllVisible) {
         vis = 0u;
@@ -297,7 +266,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             int2 id;
             asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n"
                          : "=r"(id.x), "=r"(id.y)
-                         : "r"(qid_vec(s) + 4 * (q_frag0 + 8 * j)));
+                         : "r"(sm.qid_vec(s) + 4 * (q_frag0 + 8 * j)));
 #pragma unroll
             for (int h2 = 0; h2 < 2; ++h2)
               vis |= (uint32_t(id.x == kid[h2]) | uint32_t(id.y == kid[h2]) << 1) << (4 * j + 2 * h2);
@@ -342,7 +311,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       for (int e = 0; e < 2; ++e)
         bias_off[h2][e] = bias_tile_addr(0, kBM, a.scores.bias_f32, 2 * t + e, thread_key0 + 8 * h2);
   [[maybe_unused]] auto bias_elem_addr = [&](int s, int j, int h2, int e) {
-    return bias_tile(s) + bias_off[h2][e] + j * 8 * kSwizzleRowBytes;
+    return sm.bias_tile(s) + bias_off[h2][e] + j * 8 * kSwizzleRowBytes;
   };
   [[maybe_unused]] auto tile_bias = [&](uint32_t at) -> float {
     if (a.scores.bias_f32) {
@@ -418,10 +387,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       float2 l2, d2;
       asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
                    : "=f"(l2.x), "=f"(l2.y)
-                   : "r"(lse_vec(s) + 4 * (q_frag0 + 8 * j)));
+                   : "r"(sm.lse_vec(s) + 4 * (q_frag0 + 8 * j)));
       asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
                    : "=f"(d2.x), "=f"(d2.y)
-                   : "r"(delta_vec(s) + 4 * (q_frag0 + 8 * j)));
+                   : "r"(sm.delta_vec(s) + 4 * (q_frag0 + 8 * j)));
 #pragma unroll
       for (int h2 = 0; h2 < 2; ++h2)
 #pragma unroll
@@ -498,7 +467,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const int row = key_lo + k * kWgmmaK;
       wgmma_ss_tt<kDt, kSwizzleCols>(
           dq, smem_desc(ds_rows + row * kSwizzleRowBytes, 0),
-          smem_desc(k_sa + cb * col_block_bytes<kBN>() + row * kSwizzleRowBytes, 0), k > 0);
+          smem_desc(sm.k_sa + cb * col_block_bytes<kBN>() + row * kSwizzleRowBytes, 0), k > 0);
     }
     wgmma_commit();
   };
@@ -532,8 +501,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
       const uint32_t tile =
           Cfg::kDqInStage
-              ? q_tile(s) + (kCB == 1 ? 0 : c * Cfg::kQBytes) + (cb - cb_lo) * Cfg::kDqBlockBytes
-              : dq_sa + c * Cfg::kDqBytes;
+              ? sm.q_tile(s) + (kCB == 1 ? 0 : c * Cfg::kQBytes) + (cb - cb_lo) * Cfg::kDqBlockBytes
+              : sm.dq_sa + c * Cfg::kDqBytes;
 #pragma unroll
       for (int h2 = 0; h2 < 2; ++h2)
 #pragma unroll
@@ -577,20 +546,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // last step's empty arrive has no waiter: a CTA runs one key tile.)
   auto late_dq = [&](int it, uint32_t ds_prev, int h, int m0) {
     DqFrag dq;
-    mbar_wait(ds_full(it % 2), (it / 2) & 1);
+    mbar_wait(sm.ds_full(it % 2), (it / 2) & 1);
     issue_dq(ds_prev, 0, dq);
     wgmma_wait<0>();
-    mbar_arrive(ds_empty(it % 2));
-    put_dq(it, ring.stage(it), h, m0, 0, dq);
+    mbar_arrive(sm.ds_empty(it % 2));
+    put_dq(it, sm.ring.stage(it), h, m0, 0, dq);
   };
 
-  mbar_wait(ring.once(), 0);
+  mbar_wait(sm.ring.once(), 0);
   int it = 0;
   for (int h = kv_head * group; h < (kv_head + 1) * group; ++h) {
     for (int mt = mt_begin; mt < mt_end; ++mt, ++it) {
-      const int s = ring.stage(it);
+      const int s = sm.ring.stage(it);
       const int m0 = mt * kBM;
-      ring.wait_full(it);
+      sm.ring.wait_full(it);
 
       float st[kSN / 8][4], dpt[kSN / 8][4];
       wgmma_fence();
@@ -598,14 +567,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       for (int k = 0; k < kD / kWgmmaK; ++k) {
         const int off = (k / 4) * col_block_bytes<kBN>() + wg_key0 * kSwizzleRowBytes + (k % 4) * 32;
         const int qoff = (k / 4) * col_block_bytes<kBM>() + wg_q0 * kSwizzleRowBytes + (k % 4) * 32;
-        wgmma_ss<kDt, kSN>(st, smem_desc(k_sa + off, 0), smem_desc(q_tile(s) + qoff, 0), k > 0);
+        wgmma_ss<kDt, kSN>(st, smem_desc(sm.k_sa + off, 0), smem_desc(sm.q_tile(s) + qoff, 0), k > 0);
       }
       wgmma_commit();
 #pragma unroll
       for (int k = 0; k < kD / kWgmmaK; ++k) {
         const int off = (k / 4) * col_block_bytes<kBN>() + wg_key0 * kSwizzleRowBytes + (k % 4) * 32;
         const int qoff = (k / 4) * col_block_bytes<kBM>() + wg_q0 * kSwizzleRowBytes + (k % 4) * 32;
-        wgmma_ss<kDt, kSN>(dpt, smem_desc(v_sa + off, 0), smem_desc(do_tile(s) + qoff, 0), k > 0);
+        wgmma_ss<kDt, kSN>(dpt, smem_desc(sm.v_sa + off, 0), smem_desc(sm.do_tile(s) + qoff, 0), k > 0);
       }
       wgmma_commit();
       // kDqInStage: the last step's stage, once its dQ reductions have read it
@@ -613,7 +582,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if constexpr (Cfg::kDqInStage && !kDqWarp) {
         if (ct == 0 && it > 0) {
           tma_store_wait_read();
-          mbar_arrive(ring.empty(ring.stage(it - 1)));
+          mbar_arrive(sm.ring.empty(sm.ring.stage(it - 1)));
         }
       }
       if constexpr (kFused) {
@@ -639,7 +608,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           float2 l2;
           asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
                        : "=f"(l2.x), "=f"(l2.y)
-                       : "r"(lse_vec(s) + 4 * (q_frag0 + 8 * j)));
+                       : "r"(sm.lse_vec(s) + 4 * (q_frag0 + 8 * j)));
 #pragma unroll
           for (int h2 = 0; h2 < 2; ++h2)
 #pragma unroll
@@ -680,8 +649,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // dS^T [kBN keys][kBM queries] in shared memory (swizzled, in column
       // blocks of 64 queries) for dQ = dS K; kSplitD: P^T beside it, each
       // warpgroup writing its query columns.
-      const uint32_t ds_buf = ds_sa + (it % 2) * Cfg::kDsBytes;
-      [[maybe_unused]] const uint32_t p_buf = p_sa + (it % 2) * Cfg::kDsBytes;
+      const uint32_t ds_buf = sm.ds_sa + (it % 2) * Cfg::kDsBytes;
+      [[maybe_unused]] const uint32_t p_buf = sm.p_sa + (it % 2) * Cfg::kDsBytes;
       [[maybe_unused]] uint32_t pa[kSN / 16][4], dsa[kSN / 16][4];
       auto issue_dv = [&] {
 #pragma unroll
@@ -689,7 +658,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBM / kWgmmaK; ++kk)
-          wgmma_rs<kDt, kAcc>(dv, pa[kk], acc_b_desc(do_tile(s), kk));
+          wgmma_rs<kDt, kAcc>(dv, pa[kk], acc_b_desc(sm.do_tile(s), kk));
         wgmma_commit();
       };
       if constexpr (Cfg::kSplitD)
@@ -710,7 +679,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           float2 d2;
           asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
                        : "=f"(d2.x), "=f"(d2.y)
-                       : "r"(delta_vec(s) + 4 * (q_frag0 + 8 * j)));
+                       : "r"(sm.delta_vec(s) + 4 * (q_frag0 + 8 * j)));
 #pragma unroll
           for (int h2 = 0; h2 < 2; ++h2) {
             ds_frag[j][2 * h2] = st[j][2 * h2] * (dpt[j][2 * h2] - d2.x);
@@ -734,10 +703,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBM / kWgmmaK; ++kk)
-          wgmma_ss_nt<kDt, kAcc>(dv, smem_desc(p_buf + kk * 32, 0), acc_b_desc(do_tile(s), kk), 1);
+          wgmma_ss_nt<kDt, kAcc>(dv, smem_desc(p_buf + kk * 32, 0), acc_b_desc(sm.do_tile(s), kk), 1);
 #pragma unroll
         for (int kk = 0; kk < kBM / kWgmmaK; ++kk)
-          wgmma_ss_nt<kDt, kAcc>(dk, smem_desc(ds_buf + kk * 32, 0), acc_b_desc(q_tile(s), kk), 1);
+          wgmma_ss_nt<kDt, kAcc>(dk, smem_desc(ds_buf + kk * 32, 0), acc_b_desc(sm.q_tile(s), kk), 1);
         wgmma_commit();
       } else {
 #pragma unroll
@@ -746,12 +715,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBM / kWgmmaK; ++kk)
-          wgmma_rs<kDt, kAcc>(dk, dsa[kk], acc_b_desc(q_tile(s), kk));
+          wgmma_rs<kDt, kAcc>(dk, dsa[kk], acc_b_desc(sm.q_tile(s), kk));
         wgmma_commit();
 
         // kDqByRows: this step's dS^T goes into the buffer of two steps
         // back once both warpgroups' dQ products have read it.
-        if (Cfg::kDqByRows && it >= 2) mbar_wait(ds_empty(it % 2), ((it - 2) / 2) & 1);
+        if (Cfg::kDqByRows && it >= 2) mbar_wait(sm.ds_empty(it % 2), ((it - 2) / 2) & 1);
 #pragma unroll
         for (int kk = 0; kk < kSN / 16; ++kk)
 #pragma unroll
@@ -771,14 +740,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         if (Cfg::kDqTma && !Cfg::kDqInStage && !kDqWarp && !Cfg::kDqByRows && ct == 0)
           tma_store_wait_read();
         if constexpr (Cfg::kDqByRows)
-          mbar_arrive(ds_full(it % 2));
+          mbar_arrive(sm.ds_full(it % 2));
         else if constexpr (Cfg::kDqByKeys)
           named_barrier_sync(2 + c, kWarpgroupThreads);
         else
           named_barrier_sync(1, Cfg::kConsumers * kWarpgroupThreads);
         if constexpr (kFeat == kBias) {
           if (dbias_storer) {  // the warpgroup's dS is in the tile (fenced before the barrier)
-            store_dbias(bias_tile(s), mt, h, false);
+            store_dbias(sm.bias_tile(s), mt, h, false);
             tma_store_commit();
           }
         }
@@ -805,7 +774,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // with it, and thread 0's arrive waits for the reductions' reads
         // (in the next step, or from warp 1 with kDqWarp).
         if constexpr (Cfg::kDqInStage) named_barrier_sync(1, Cfg::kConsumers * kWarpgroupThreads);
-        if (!Cfg::kDqInStage || ct != 0) mbar_arrive(ring.empty(s));
+        if (!Cfg::kDqInStage || ct != 0) mbar_arrive(sm.ring.empty(s));
       };
       // One dQ block per warpgroup and step, split by columns into tiles
       // of its own (head dim 128): its product is issued before the wait
@@ -850,7 +819,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   if constexpr (Cfg::kDqByRows) {  // the last step's dQ
     if (it > 0)
-      late_dq(it - 1, ds_sa + ((it - 1) % 2) * Cfg::kDsBytes, (kv_head + 1) * group - 1,
+      late_dq(it - 1, sm.ds_sa + ((it - 1) % 2) * Cfg::kDsBytes, (kv_head + 1) * group - 1,
               (mt_end - 1) * kBM);
   }
 
@@ -864,7 +833,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // kBias with dbias_tma: query tiles this CTA never visits (outside
   // [mt_begin, mt_end): hidden by causal, window, lengths or segment
   // ranges) get zeros, from a zeroed block of this warpgroup's dS^T buffer.
-  [[maybe_unused]] const uint32_t zero_tile = ds_sa + c * Cfg::kDsBytes;
+  [[maybe_unused]] const uint32_t zero_tile = sm.ds_sa + c * Cfg::kDsBytes;
   if constexpr (kFeat == kBias) {
     if (p.dbias_tma)
       for (int i = ct; i < kBM * kSwizzleRowBytes / 16; i += kWarpgroupThreads)
@@ -880,8 +849,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const uint32_t off = cb * col_block_bytes<kBN>() + swizzled_offset(r, chunk) + 4 * t;
       const uint32_t kv = pack2<kDt>(dk[j][2 * h2] * a.scale, dk[j][2 * h2 + 1] * a.scale);
       const uint32_t vv = pack2<kDt>(dv[j][2 * h2], dv[j][2 * h2 + 1]);
-      st_shared_b32(k_sa + off, kv);
-      st_shared_b32(v_sa + off, vv);
+      st_shared_b32(sm.k_sa + off, kv);
+      st_shared_b32(sm.v_sa + off, vv);
     }
   }
   fence_proxy_async();
@@ -898,8 +867,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
     for (int cb = acc_cb0; cb < acc_cb0 + kAcc / kSwizzleCols; ++cb) {
       const uint32_t off = cb * col_block_bytes<kBN>() + wg_key0 * kSwizzleRowBytes;
-      tma_store_4d(&p.dk_map, k_sa + off, cb * kSwizzleCols, kv_head, n0 + wg_key0, b);
-      tma_store_4d(&p.dv_map, v_sa + off, cb * kSwizzleCols, kv_head, n0 + wg_key0, b);
+      tma_store_4d(&p.dk_map, sm.k_sa + off, cb * kSwizzleCols, kv_head, n0 + wg_key0, b);
+      tma_store_4d(&p.dv_map, sm.v_sa + off, cb * kSwizzleCols, kv_head, n0 + wg_key0, b);
     }
     tma_store_commit_and_wait();
   }
