@@ -29,6 +29,7 @@
 #include "kernels/attention/mma_sm80.cuh"
 #include "kernels/attention/sm90/bwd_args.h"
 #include "kernels/attention/sm90/bwd_config.cuh"
+#include "kernels/attention/sm90/bwd_scheduler.cuh"
 #include "kernels/attention/sm90/bwd_smem.cuh"
 #include "kernels/attention/sm90/entry.h"
 #include "kernels/attention/sm90/features.cuh"
@@ -75,23 +76,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   sm.init(tid);
   __syncthreads();
 
-  // Lowest key tiles first: under a causal mask they see the most queries.
-  const TileItem item = tile_item(p.order);
-  const int n0 = item.rank * kBN;
-  const int kv_head = item.head, b = item.batch;
-  const int group = sh.num_heads / sh.num_kv_heads;
-  const SeqLens lens = seq_lens(a.mask, sh, b);
-  // The query tiles [mt_begin, mt_end) this CTA visits (for each query head
-  // of the group), computed here, before the roles split, so that the
-  // producer loads exactly the tiles the consumers take from the ring.
-  int q_lo = 0, q_hi = 0;
-  if (n0 < lens.kv_len) {
-    const int c1 = min(n0 + kBN, lens.kv_len) - 1;
-    query_range(a.mask, n0, c1, lens.q_len, &q_lo, &q_hi);
-    if constexpr (kFeat != kPlain) segment_query_range(a.mask, sh, b, n0, c1, &q_lo, &q_hi);
-  }
-  const int mt_begin = max(q_lo, 0) / kBM;
-  const int mt_end = q_hi > q_lo ? (q_hi + kBM - 1) / kBM : mt_begin;
+  const BwdWork wk = bwd_work<Cfg, kFeat>(p);
+  const int n0 = wk.n0, kv_head = wk.kv_head, b = wk.b, group = wk.group;
+  const SeqLens lens = wk.lens;
+  const int mt_begin = wk.mt_begin, mt_end = wk.mt_end;
 
   if (wg == 0) {
     setmaxnreg_dec<kFeat >= kScores ? Cfg::kScoreProducerRegs : Cfg::kProducerRegs>();
