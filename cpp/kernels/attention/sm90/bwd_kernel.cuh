@@ -29,6 +29,7 @@
 #include "kernels/attention/mma_sm80.cuh"
 #include "kernels/attention/sm90/bwd_args.h"
 #include "kernels/attention/sm90/bwd_config.cuh"
+#include "kernels/attention/sm90/bwd_consumer_thread.cuh"
 #include "kernels/attention/sm90/bwd_producer.cuh"
 #include "kernels/attention/sm90/bwd_scheduler.cuh"
 #include "kernels/attention/sm90/bwd_smem.cuh"
@@ -88,27 +89,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
 
   setmaxnreg_inc<kFeat >= kScores ? Cfg::kScoreConsumerRegs : Cfg::kConsumerRegs>();
-  // consumer: keys [n0 + 64 c, n0 + 64 c + 64). At head dim 64 (wg not
-  // broadcast) the feature instances broadcast c (SASS: R2UR 92-197 -> 17-73,
-  // no spill); the plain one would serialize its wgmmas, as with wg.
-  const int c = kD == 64 && kFeat != kPlain ? __shfl_sync(0xffffffffu, wg - 1, 0) : wg - 1;
-  const int ct = tid % kWarpgroupThreads, w = ct / kWarpSize;
-  const int g = lane / 4, t = lane % 4;
-  const int wg_key0 = Cfg::kSplitD ? 0 : c * kWgmmaM;
+  const BwdConsumerThread<Cfg, kFeat> th(tid, wg, lane);
+  const int c = th.c, ct = th.ct, w = th.w, g = th.g, t = th.t;
+  const int wg_key0 = th.wg_key0, acc_cb0 = th.acc_cb0, thread_key0 = th.thread_key0;
+  const int wg_q0 = th.wg_q0, q_frag0 = th.q_frag0;
   constexpr int kAcc = Cfg::kAccCols;
-  const int acc_cb0 = Cfg::kSplitD ? c * (kAcc / kSwizzleCols) : 0;  // first column block of dK/dV
+  constexpr int kSN = Cfg::kSN;
   // B operand of dV += P^T dO and dK += dS^T Q (MN-major): rows kk kWgmmaK..
   // of the stage's dO or Q tile, this warpgroup's dK/dV columns.
   auto acc_b_desc = [&](uint32_t tile, int kk) {
     return smem_desc(tile + acc_cb0 * col_block_bytes<kBM>() + kk * kWgmmaK * kSwizzleRowBytes,
                      col_block_bytes<kBM>());
   };
-  const int thread_key0 = wg_key0 + w * 16 + g;  // tile rows of this thread: + 0 and + 8
-  // S^T columns: queries [wg_q0, wg_q0 + kSN) of the step's tile; fragment
-  // column j holds queries q_frag0 + 8 j (+ 1).
-  constexpr int kSN = Cfg::kSN;
-  const int wg_q0 = Cfg::kSplitD ? c * kSN : 0;
-  const int q_frag0 = wg_q0 + 2 * t;
   const float scale_log2 = a.scale * kLog2e;
 
   float dk[kAcc / 8][4], dv[kAcc / 8][4];
@@ -343,7 +335,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   constexpr int kDqKeys = Cfg::kDqByKeys ? kWgmmaM : kBN;
   const int key_lo = Cfg::kDqByKeys ? wg_key0 : 0;
   // A warpgroup's dQ column blocks per step: [cb_lo, cb_hi) (in the loop).
-  const int cb_lo = Cfg::kSplitD ? acc_cb0 : Cfg::kDqByRows || Cfg::kDqByKeys || kCB == 1 ? 0 : c;
+  const int cb_lo = th.cb_lo;
   using DqFrag = float[kSwizzleCols / 8][4];
   // ds_buf: the step's dS^T buffer.
   auto issue_dq = [&](uint32_t ds_buf, int cb, DqFrag& dq) {
