@@ -30,6 +30,7 @@
 #include "kernels/attention/sm90/bwd_args.h"
 #include "kernels/attention/sm90/bwd_config.cuh"
 #include "kernels/attention/sm90/bwd_consumer_thread.cuh"
+#include "kernels/attention/sm90/bwd_dq.cuh"
 #include "kernels/attention/sm90/bwd_producer.cuh"
 #include "kernels/attention/sm90/bwd_scheduler.cuh"
 #include "kernels/attention/sm90/bwd_score_features.cuh"
@@ -59,7 +60,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   constexpr bool kFused = Cfg::fused(kFeat);
   static_assert(kFeat == kPlain || kBM == 64, "the feature instances' bitmasks hold 64 queries");
   constexpr bool kDqWarp = Cfg::dq_warp(kFeat);
-  constexpr int kDqFullBarrier = Cfg::kDqFullBarrier, kDqEmptyBarrier = Cfg::kDqEmptyBarrier;
+  constexpr int kDqFullBarrier = Cfg::kDqFullBarrier;
   constexpr int kDqBarrierThreads = Cfg::kDqBarrierThreads;
   constexpr bool kDvAfterDs = Cfg::kDvAfterDs;
   const BwdArgs& a = p.a;
@@ -131,108 +132,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                       pack2<kDt>(x[j][2 * h2], x[j][2 * h2 + 1]));
   };
 
-  // dQ rows dq_m0 + 16 w + g (+ 8), in 64-column blocks: keys [key_lo,
-  // key_lo + dq_keys) of the tile times columns of K block cb; kDqByRows:
-  // this warpgroup's 64 queries, the dS^T buffer's column block c.
-  constexpr int kDqKeys = Cfg::kDqByKeys ? kWgmmaM : kBN;
-  const int key_lo = Cfg::kDqByKeys ? wg_key0 : 0;
-  // A warpgroup's dQ column blocks per step: [cb_lo, cb_hi) (in the loop).
   const int cb_lo = th.cb_lo;
-  using DqFrag = float[kSwizzleCols / 8][4];
-  // ds_buf: the step's dS^T buffer.
-  auto issue_dq = [&](uint32_t ds_buf, int cb, DqFrag& dq) {
-    const uint32_t ds_rows = ds_buf + (Cfg::kDqByRows ? c * col_block_bytes<kBN>() : 0);
-    wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < kDqKeys / kWgmmaK; ++k) {
-      const int row = key_lo + k * kWgmmaK;
-      wgmma_ss_tt<kDt, kSwizzleCols>(
-          dq, smem_desc(ds_rows + row * kSwizzleRowBytes, 0),
-          smem_desc(sm.k_sa + cb * col_block_bytes<kBN>() + row * kSwizzleRowBytes, 0), k > 0);
-    }
-    wgmma_commit();
-  };
-  // Step it (ring stage s) of query head h, query tile m0.
-  auto put_dq = [&](int it, int s, int h, int m0, int cb, DqFrag& dq) {
-    const int dq_m0 = m0 + (Cfg::kDqByRows ? c * kWgmmaM : 0);
-    fence_operands(dq);
-    if constexpr (Cfg::kDqTma) {
-      // Element (j, 2 h2 + e): row 16 w + g + 8 h2, column 8 j + 2 t + e,
-      // in box j / 4 (32 columns), 16-byte chunk 2 (j % 4) + t / 2.
-      // A warp's 8-byte stores are served by half-warps (4 rows x 2
-      // chunks each): in store j the lanes with t / 2 = 1 write their
-      // block j ^ 2, so that the half-warp's 8 chunks land on 8
-      // different swizzled bank groups (with block j, chunks c and c + 1
-      // of rows g and g ^ 1 shared banks: 2-way conflicts). +5-7% at
-      // head dim 128, +1.5-3.5% at 64. Not in the dropout instance: its
-      // selects pushed it from 4 to 32 spilled bytes, and it ran 3% slower.
-      const bool odd_chunk = kFeat != kDropout && t / 2 == 1;
-      // kDqWarp: warp 1 has read the last step's tile. With kDqInStage
-      // too, where the ring guards the stage: without this wait a
-      // warpgroup a step ahead of warp 1 would arrive on dQ full twice,
-      // and the hardware barrier would count its warps into the earlier
-      // step (measured: the head-dim-256 kernel hung).
-      if (kDqWarp && it > 0 && cb == cb_lo)
-        named_barrier_sync(kDqEmptyBarrier + c, kDqBarrierThreads);
-      // kDqByRows: no barrier between the warpgroups orders this
-      // warpgroup's last reductions before these stores; its own does.
-      if constexpr (Cfg::kDqByRows) {
-        if (ct == 0) tma_store_wait_read();
-        named_barrier_sync(2 + c, kWarpgroupThreads);
-      }
-      const uint32_t tile =
-          Cfg::kDqInStage
-              ? sm.q_tile(s) + (kCB == 1 ? 0 : c * Cfg::kQBytes) + (cb - cb_lo) * Cfg::kDqBlockBytes
-              : sm.dq_sa + c * Cfg::kDqBytes;
-#pragma unroll
-      for (int h2 = 0; h2 < 2; ++h2)
-#pragma unroll
-        for (int j = 0; j < kSwizzleCols / 8; ++j) {
-          const int jj = odd_chunk ? j ^ 2 : j;  // same box: j / 4 == jj / 4
-          const uint32_t at = tile + (j / 4) * col_block_bytes<Cfg::kDqRows>() +
-                              swizzled_offset(w * 16 + g + 8 * h2, 2 * (jj % 4) + t / 2) +
-                              8 * (t % 2);
-          const float v0 = odd_chunk ? dq[j ^ 2][2 * h2] : dq[j][2 * h2];
-          const float v1 = odd_chunk ? dq[j ^ 2][2 * h2 + 1] : dq[j][2 * h2 + 1];
-          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(v0), "f"(v1) : "memory");
-        }
-      fence_proxy_async();
-      if constexpr (kDqWarp) return;  // warp 1 takes it from here (dQ full, below)
-      named_barrier_sync(2 + c, kWarpgroupThreads);
-      if (ct == 0) {  // rows past seqlen_q and columns past head_dim are clipped
-#pragma unroll
-        for (int box = 0; box < kSwizzleCols / Cfg::kDqBoxCols; ++box)
-          tma_reduce_add_4d(&p.dq_map, tile + box * col_block_bytes<Cfg::kDqRows>(),
-                            cb * kSwizzleCols + box * Cfg::kDqBoxCols, h, dq_m0, b);
-        tma_store_commit();
-      }
-    } else {
-#pragma unroll
-      for (int h2 = 0; h2 < 2; ++h2) {
-        const int q = dq_m0 + w * 16 + g + 8 * h2;
-        if (q < sh.seqlen_q) {
-          float* row = a.dq_accum + ((int64_t(b) * sh.seqlen_q + q) * sh.num_heads + h) * sh.head_dim;
-#pragma unroll
-          for (int j = 0; j < kSwizzleCols / 8; ++j) {
-            const int col = cb * kSwizzleCols + 8 * j + 2 * t;
-            if (col < sh.head_dim) red_add_v2(row + col, dq[j][2 * h2], dq[j][2 * h2 + 1]);
-          }
-        }
-      }
-    }
-  };
-
-  // kDqByRows: step it's dQ (query head h, tile m0), taken one step late
-  // from its dS^T buffer ds_prev once both warpgroups have stored it. (The
-  // last step's empty arrive has no waiter: a CTA runs one key tile.)
-  auto late_dq = [&](int it, uint32_t ds_prev, int h, int m0) {
-    DqFrag dq;
-    mbar_wait(sm.ds_full(it % 2), (it / 2) & 1);
-    issue_dq(ds_prev, 0, dq);
-    wgmma_wait<0>();
-    mbar_arrive(sm.ds_empty(it % 2));
-    put_dq(it, sm.ring.stage(it), h, m0, 0, dq);
-  };
+  using Dq = BwdDq<kDt, Cfg, kFeat>;
+  using DqFrag = typename Dq::Frag;
+  const Dq dq{p, sm, th, wk};
 
   mbar_wait(sm.ring.once(), 0);
   int it = 0;
@@ -258,14 +161,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         wgmma_ss<kDt, kSN>(dpt, smem_desc(sm.v_sa + off, 0), smem_desc(sm.do_tile(s) + qoff, 0), k > 0);
       }
       wgmma_commit();
-      // kDqInStage: the last step's stage, once its dQ reductions have read it
-      // (the wait overlaps the products just issued).
-      if constexpr (Cfg::kDqInStage && !kDqWarp) {
-        if (ct == 0 && it > 0) {
-          tma_store_wait_read();
-          mbar_arrive(sm.ring.empty(sm.ring.stage(it - 1)));
-        }
-      }
+      dq.release_last_stage(it);
       if constexpr (kFused) {
         wgmma_wait<0>();
         fence_operands(st);
@@ -433,11 +329,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           }
         }
       }
-      // Split by columns, or (one block) this warpgroup's turn?
-      const int cb_hi = Cfg::kSplitD                          ? acc_cb0 + kAcc / kSwizzleCols
-                        : Cfg::kDqByRows || Cfg::kDqByKeys ? kCB
-                        : kCB == 1                          ? int(it % Cfg::kConsumers == c)
-                                                            : c + 1;
+      const int cb_hi = dq.cb_hi(it);
       // Once dK and dV's products are done: the stage's last reader.
       auto release_stage = [&] {
         fence_operands(dk);
@@ -467,12 +359,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       constexpr bool kDqEarly = Cfg::kDqTma && !Cfg::kDqInStage && !Cfg::kDqByKeys &&
                                 !Cfg::kDqByRows && kCB == Cfg::kConsumers && !kFused;
       if constexpr (kDqEarly) {
-        DqFrag dq;
-        issue_dq(ds_buf, cb_lo, dq);
+        DqFrag acc;
+        dq.issue(ds_buf, cb_lo, acc);
         wgmma_wait<1>();
         release_stage();
         wgmma_wait<0>();
-        put_dq(it, s, h, m0, cb_lo, dq);
+        dq.put(it, s, h, m0, cb_lo, acc);
       } else if constexpr (Cfg::kDqByRows) {
         // The last step's query head and tile (recomputed: held across the
         // step's products, they made ptxas serialize the wgmmas).
@@ -483,15 +375,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // The other dS^T buffer, as an offset from this step's (addressed
         // from ds_sa, it cost ptxas a register: 8 more spilled bytes).
         if (it > 0)
-          late_dq(it - 1, ds_buf + ((it & 1) ? -Cfg::kDsBytes : Cfg::kDsBytes), prev_h, prev_m0);
+          dq.late(it - 1, ds_buf + ((it & 1) ? -Cfg::kDsBytes : Cfg::kDsBytes), prev_h, prev_m0);
       } else {
         wgmma_wait<0>();
         release_stage();
         for (int cb = cb_lo; cb < cb_hi; ++cb) {
-          DqFrag dq;
-          issue_dq(ds_buf, cb, dq);
+          DqFrag acc;
+          dq.issue(ds_buf, cb, acc);
           wgmma_wait<0>();
-          put_dq(it, s, h, m0, cb, dq);
+          dq.put(it, s, h, m0, cb, acc);
         }
       }
       if constexpr (kDqWarp) named_barrier_arrive(kDqFullBarrier + c, kDqBarrierThreads);
@@ -500,7 +392,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   if constexpr (Cfg::kDqByRows) {  // the last step's dQ
     if (it > 0)
-      late_dq(it - 1, sm.ds_sa + ((it - 1) % 2) * Cfg::kDsBytes, (kv_head + 1) * group - 1,
+      dq.late(it - 1, sm.ds_sa + ((it - 1) % 2) * Cfg::kDsBytes, (kv_head + 1) * group - 1,
               (mt_end - 1) * kBM);
   }
 
