@@ -85,10 +85,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const SeqLens lens = wk.lens;
   const int mt_begin = wk.mt_begin, mt_end = wk.mt_end;
 
-  if (wg == 0) {
-    BwdProducer<Cfg, kFeat>::run(p, sm, wk, tid, lane);
-    return;
-  }
+  if (BwdProducer<Cfg, kFeat>::run(p, sm, wk, wg, tid, lane)) return;
 
   setmaxnreg_inc<kFeat >= kScores ? Cfg::kScoreConsumerRegs : Cfg::kConsumerRegs>();
   using Features = BwdScoreFeatures<kDt, Cfg, kFeat>;

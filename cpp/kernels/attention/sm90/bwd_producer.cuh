@@ -113,13 +113,17 @@ struct BwdProducer {
           const float l = q < lens.q_len ? a.lse[row_base + q] : -INFINITY;
           const float dl = q < sh.seqlen_q ? a.delta[row_base + q] : 0.f;
           const float l2 = l == -INFINITY ? INFINITY : l * kLog2e;
-          asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(sm.lse_vec(s) + 4 * i), "f"(l2) : "memory");
-          asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(sm.delta_vec(s) + 4 * i), "f"(dl) : "memory");
+          asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(sm.lse_vec(s) + 4 * i), "f"(l2)
+                       : "memory");
+          asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(sm.delta_vec(s) + 4 * i), "f"(dl)
+                       : "memory");
           if constexpr (kFeat != kPlain) {
             // Query segment ids (queries past T read query T - 1: their P is 0).
             if (a.mask.q_segment_ids != nullptr) {
-              const int id = a.mask.q_segment_ids[int64_t(b) * sh.seqlen_q + min(q, sh.seqlen_q - 1)];
-              asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sm.qid_vec(s) + 4 * i), "r"(id) : "memory");
+              const int id =
+                  a.mask.q_segment_ids[int64_t(b) * sh.seqlen_q + min(q, sh.seqlen_q - 1)];
+              asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sm.qid_vec(s) + 4 * i), "r"(id)
+                           : "memory");
               id_lo = min(id_lo, id);
               id_hi = max(id_hi, id);
             }
@@ -131,8 +135,8 @@ struct BwdProducer {
             id_lo = warp_min(id_lo);
             id_hi = warp_max(id_hi);
             if (lane == 0) {
-              asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(sm.qid_vec(s) + Cfg::kVecBytes),
-                           "r"(id_lo), "r"(id_hi)
+              asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n"
+                           ::"r"(sm.qid_vec(s) + Cfg::kVecBytes), "r"(id_lo), "r"(id_hi)
                            : "memory");
             }
           }
@@ -142,18 +146,26 @@ struct BwdProducer {
     }
   }
 
-  // The producer warpgroup (setmaxnreg: BwdConfig); its other warps leave at once.
-  static __device__ __forceinline__ void run(const BwdSm90Args& p, const Smem& sm, const BwdWork& wk,
-                                             int tid, int lane) {
+  // The producer warpgroup's part (wg == 0; setmaxnreg: BwdConfig; its
+  // other warps leave at once); returns whether this thread belongs to it.
+  // The test of wg is here, so that the call uses wg before the roles
+  // branch: with the branch in the kernel around the call, nvcc moved the
+  // head-dim-64 kernels' wg (not broadcast) into the consumer branch, which
+  // changed the plain instance's SASS (spills 24/28 -> 20/20 bytes
+  // stored/loaded).
+  static __device__ __forceinline__ bool run(const BwdSm90Args& p, const Smem& sm,
+                                             const BwdWork& wk, int wg, int tid, int lane) {
+    if (wg != 0) return false;
     setmaxnreg_dec<Cfg::producer_regs(kFeat)>();
     if constexpr (Cfg::dq_warp(kFeat)) {
       if (tid / kWarpSize == 1) {
         reduce_dq(p, sm, wk, lane);
-        return;
+        return true;
       }
     }
-    if (tid >= kWarpSize) return;
+    if (tid >= kWarpSize) return true;
     load(p, sm, wk, lane);
+    return true;
   }
 };
 
