@@ -31,7 +31,8 @@ struct BwdConsumerThread {
   // instances broadcast c (SASS: R2UR 92-197 -> 17-73, no spill); the plain
   // one would serialize its wgmmas, as with wg.
   __device__ __forceinline__ BwdConsumerThread(int tid, int wg, int lane)
-      : c(Cfg::kHeadDim == 64 && kFeat != kPlain ? __shfl_sync(0xffffffffu, wg - 1, 0) : wg - 1),
+      : c(Cfg::kHeadDim == 64 && kFeat != kPlain ? __shfl_sync(0xffffffffu, wg - 1, 0)
+                                                  : wg - 1),
         ct(tid % kWarpgroupThreads),
         lane(lane),
         w(ct / kWarpSize),

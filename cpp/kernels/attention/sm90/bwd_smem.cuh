@@ -40,9 +40,13 @@ struct BwdSmem {
         p_sa(ds_sa + 2 * Cfg::kDsBytes),
         dq_sa(ds_sa + Cfg::kDsBuffers * Cfg::kDsBytes),
         bias_tile_bytes(Cfg::kBlockM * Cfg::kBlockN * (bias_f32 ? 4 : 2)),
-        vec_sa(dq_sa + Cfg::kConsumers * Cfg::kDqBytes + (kFeat == kBias ? kStages * bias_tile_bytes : 0)),
+        vec_sa(dq_sa + Cfg::kConsumers * Cfg::kDqBytes +
+               (kFeat == kBias ? kStages * bias_tile_bytes : 0)),
         ring{vec_sa + kStages * Cfg::kVecStageBytes} {}
 
+  // Step i's dS^T buffer (kSplitD: and its P^T buffer).
+  __device__ uint32_t ds_buf(int i) const { return ds_sa + (i % 2) * Cfg::kDsBytes; }
+  __device__ uint32_t p_buf(int i) const { return p_sa + (i % 2) * Cfg::kDsBytes; }
   __device__ uint32_t bias_tile(int s) const { return dq_sa + s * bias_tile_bytes; }
   // kDqByRows: warpgroup c's dQ of step i reads both warpgroups' dS^T of
   // step i, and runs in step i + 1 (once that step's dK and dV are done),
