@@ -22,10 +22,10 @@
 // (bwd_smem.cuh), BwdWork (bwd_scheduler.cuh), BwdProducer
 // (bwd_producer.cuh), the consumers' BwdConsumerThread and BwdStep
 // (bwd_consumer_thread.cuh), BwdScoreFeatures (bwd_score_features.cuh),
-// BwdQueryTile (bwd_query_tile.cuh) and BwdDq (bwd_dq.cuh). The consumers'
-// step loop stays in the kernel, and the parts take the kernel's values as
-// reference arguments or hold references to its variables and the loop's,
-// as lambdas capture them. nvcc simplifies
+// BwdQueryTile (bwd_query_tile.cuh), BwdDq (bwd_dq.cuh) and bwd_epilogue
+// (bwd_epilogue.cuh). The consumers' step loop stays in the kernel, and the
+// parts take the kernel's values as reference arguments or hold references
+// to its variables and the loop's, as lambdas capture them. nvcc simplifies
 // each part on its own before inlining it, and where it rematerializes
 // addresses and how it numbers registers follow the order in which the
 // inlined code defines values and arrays; so the step loop keeps the
@@ -48,6 +48,7 @@
 #include "kernels/attention/sm90/bwd_config.cuh"
 #include "kernels/attention/sm90/bwd_consumer_thread.cuh"
 #include "kernels/attention/sm90/bwd_dq.cuh"
+#include "kernels/attention/sm90/bwd_epilogue.cuh"
 #include "kernels/attention/sm90/bwd_producer.cuh"
 #include "kernels/attention/sm90/bwd_query_tile.cuh"
 #include "kernels/attention/sm90/bwd_scheduler.cuh"
@@ -150,61 +151,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (it > 0)
       dq.late(it - 1, sm.ds_buf(it - 1), (wk.kv_head + 1) * wk.group - 1, (wk.mt_end - 1) * kBM);
   }
-  const ShapeArgs& sh = a.shape;
-  constexpr int kBN = Cfg::kBlockN;
-  const int n0 = wk.n0, kv_head = wk.kv_head, b = wk.b, group = wk.group;
-  const int mt_begin = wk.mt_begin, mt_end = wk.mt_end;
-  const int c = th.c, ct = th.ct, t = th.t, wg_key0 = th.wg_key0, acc_cb0 = th.acc_cb0;
-  const int thread_key0 = th.thread_key0;
-  // Epilogue: dK = scale * sum dS^T Q. Every warpgroup's last dQ product
-  // (which reads all of K) is done once both pass the barrier; then each
-  // stages its 64 rows of dK and dV over its own rows of K and V and stores.
-  // (kDqTma: the last reductions read their tiles before the CTA exits;
-  // Cfg::dq_warp(kFeat): warp 1 waits for its own.)
-  if (Cfg::kDqTma && !Cfg::dq_warp(kFeat) && ct == 0) tma_store_wait_read();
-  named_barrier_sync(Cfg::kConsumersBarrier, Cfg::kConsumerThreads);
-  // kBias with dbias_tma: query tiles this CTA never visits (outside
-  // [mt_begin, mt_end): hidden by causal, window, lengths or segment
-  // ranges) get zeros, from a zeroed block of this warpgroup's dS^T buffer.
-  [[maybe_unused]] const uint32_t zero_tile = sm.ds_sa + c * Cfg::kDsBytes;
-  if constexpr (kFeat == kBias) {
-    if (p.dbias_tma)
-      for (int i = ct; i < kBM * kSwizzleRowBytes / 16; i += kWarpgroupThreads)
-        asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(zero_tile + 16 * i), "r"(0)
-                     : "memory");
-  }
-#pragma unroll
-  for (int j = 0; j < kAcc / 8; ++j) {
-    const int cb = acc_cb0 + j / 8, chunk = j % 8;
-#pragma unroll
-    for (int h2 = 0; h2 < 2; ++h2) {
-      const int r = thread_key0 + 8 * h2;
-      const uint32_t off = cb * col_block_bytes<kBN>() + swizzled_offset(r, chunk) + 4 * t;
-      const uint32_t kv = pack2<kDt>(dk[j][2 * h2] * a.scale, dk[j][2 * h2 + 1] * a.scale);
-      const uint32_t vv = pack2<kDt>(dv[j][2 * h2], dv[j][2 * h2 + 1]);
-      st_shared_b32(sm.k_sa + off, kv);
-      st_shared_b32(sm.v_sa + off, vv);
-    }
-  }
-  fence_proxy_async();
-  named_barrier_sync(Cfg::kWarpgroupBarrier + c, kWarpgroupThreads);
-  if (ct == 0 && n0 + wg_key0 < sh.seqlen_k) {
-    if constexpr (kFeat == kBias) {
-      if (dbias_storer) {
-        const int q_tiles = (sh.seqlen_q + kBM - 1) / kBM;
-        for (int h = kv_head * group; h < (kv_head + 1) * group; ++h)
-          for (int mt = 0; mt < q_tiles; ++mt)
-            if (mt < mt_begin || mt >= mt_end) features.store_dbias(zero_tile, mt, h, true);
-      }
-    }
-#pragma unroll
-    for (int cb = acc_cb0; cb < acc_cb0 + kAcc / kSwizzleCols; ++cb) {
-      const uint32_t off = cb * col_block_bytes<kBN>() + wg_key0 * kSwizzleRowBytes;
-      tma_store_4d(&p.dk_map, sm.k_sa + off, cb * kSwizzleCols, kv_head, n0 + wg_key0, b);
-      tma_store_4d(&p.dv_map, sm.v_sa + off, cb * kSwizzleCols, kv_head, n0 + wg_key0, b);
-    }
-    tma_store_commit_and_wait();
-  }
+  bwd_epilogue<kDt>(p, sm, th, wk, features, dk, dv);
 #endif  // JAXCRAFT_SM90A_ENABLED
 }
 
