@@ -109,10 +109,7 @@ struct BwdQueryTile {
       const uint32_t vis = kFeat == kMasks || kFeat == kBias ? features.visibility(s, m0, h) : ~0u;
 #pragma unroll
       for (int j = 0; j < kSN / 8; ++j) {
-        float2 l2;
-        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
-                     : "=f"(l2.x), "=f"(l2.y)
-                     : "r"(sm.lse_vec(s) + 4 * (q_frag0 + 8 * j)));
+        const float2 l2 = ld_shared_f2(sm.lse_vec(s) + 4 * (q_frag0 + 8 * j));
 #pragma unroll
         for (int h2 = 0; h2 < 2; ++h2)
 #pragma unroll
@@ -208,10 +205,7 @@ struct BwdQueryTile {
           b * a.scores.bias_stride_b + h * a.scores.bias_stride_n;
 #pragma unroll
       for (int j = 0; j < kSN / 8; ++j) {
-        float2 d2;
-        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
-                     : "=f"(d2.x), "=f"(d2.y)
-                     : "r"(sm.delta_vec(s) + 4 * (q_frag0 + 8 * j)));
+        const float2 d2 = ld_shared_f2(sm.delta_vec(s) + 4 * (q_frag0 + 8 * j));
 #pragma unroll
         for (int h2 = 0; h2 < 2; ++h2) {
           ds[j][2 * h2] = st[j][2 * h2] * (dpt[j][2 * h2] - d2.x);

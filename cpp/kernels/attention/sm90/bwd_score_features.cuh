@@ -216,13 +216,8 @@ struct BwdScoreFeatures {
         for (int k = 0; k < 4; ++k) keep_word[k] = w.x[k];
         transpose4(keep_word, i, 4);  // keep_word[2 h2 + e]: this lane's word
       }
-      float2 l2, d2;
-      asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
-                   : "=f"(l2.x), "=f"(l2.y)
-                   : "r"(sm.lse_vec(s) + 4 * (q_frag0 + 8 * j)));
-      asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
-                   : "=f"(d2.x), "=f"(d2.y)
-                   : "r"(sm.delta_vec(s) + 4 * (q_frag0 + 8 * j)));
+      const float2 l2 = ld_shared_f2(sm.lse_vec(s) + 4 * (q_frag0 + 8 * j));
+      const float2 d2 = ld_shared_f2(sm.delta_vec(s) + 4 * (q_frag0 + 8 * j));
 #pragma unroll
       for (int h2 = 0; h2 < 2; ++h2)
 #pragma unroll

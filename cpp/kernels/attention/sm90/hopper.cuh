@@ -64,6 +64,13 @@ bool kernel_runs_sm90a(Kernel kernel) {
 
 #ifdef JAXCRAFT_SM90A_ENABLED
 
+// Two floats from shared memory (8-byte aligned shared address).
+__device__ __forceinline__ float2 ld_shared_f2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
+  return v;
+}
+
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
 }
