@@ -91,7 +91,7 @@ struct FwdScoreFeatures {
             const uint32_t at = bias_tile_addr(tile, kBM, f32, r, 8 * j + 2 * t);
             float2 bv;
             if (f32) {
-              asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(bv.x), "=f"(bv.y) : "r"(at));
+              bv = ld_shared_f2(at);
             } else {
               uint32_t w;
               asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(w) : "r"(at));

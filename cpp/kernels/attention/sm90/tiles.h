@@ -1,7 +1,7 @@
 // The Hopper attention kernels' tile and pipeline choices, by name. Each
 // configuration derives from FwdTileDefaults or BwdTileDefaults and sets
-// only what differs; FwdConfig (fwd_kernel.cuh) and BwdConfig
-// (bwd_config.cuh) derive sizes, register splits and shared-memory layouts
+// only what differs; FwdConfig and BwdConfig (fwd_config.cuh,
+// bwd_config.cuh) derive sizes, register splits and shared-memory layouts
 // from it. The traits after each part's configurations pick one per
 // head-dim bucket and kernel instance; each configuration carries the
 // measurement behind it (more in docs/design.md).
