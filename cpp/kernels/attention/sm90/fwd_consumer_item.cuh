@@ -51,7 +51,7 @@ struct FwdLateRelease {
 
 // A work item as one consumer thread sees it (the kernel fills it in).
 struct FwdItem {
-  int n, it0;  // the CTA's n-th item; ring uses before it
+  const int &n, &it0;  // the CTA's n-th item; ring uses before it
   int m0, head, b, rows_valid, row_first, t_begin, t_end;
   SeqLens lens;
   int wg_row0;      // this warpgroup's first tile row
@@ -62,7 +62,8 @@ struct FwdItem {
 // releases.
 template <class Cfg, int kFeat>
 struct FwdItemSteps {
-  int n, it0, lane, n_tiles;
+  const int &n, &it0;
+  int lane, n_tiles;
   // O in the last stage: once this warp's last S = Q K^T is in, it is
   // done with Q, and that stage is released after the O store has read it.
   bool o_in_stage;
