@@ -88,8 +88,10 @@ def _valid_rows(q, kwargs):
 @pytest.mark.parametrize("name", list(CASES))
 def test_matches_jax_nn_f32(name):
     q, k, v, kwargs = _case(name, jnp.float32)
-    out, lse = _reference(q, k, v, **kwargs)
-    expected, expected_lse = _jax_nn(q, k, v, **kwargs, return_residual=True)
+    # Both sides at full f32: a GPU's autotuner may otherwise give either one TF32 kernels.
+    with jax.default_matmul_precision("highest"):
+        out, lse = _reference(q, k, v, **kwargs)
+        expected, expected_lse = _jax_nn(q, k, v, **kwargs, return_residual=True)
     rows = _valid_rows(q, kwargs)
     assert out.dtype == jnp.float32 and out.shape == q.shape
     assert lse.dtype == jnp.float32 and lse.shape == (B, q.shape[2], q.shape[1])
@@ -130,9 +132,10 @@ def test_grads_match_jax_nn_f32(name):
 
     args = (q, k, v, bias)
     argnums = (0, 1, 2, 3) if bias is not None else (0, 1, 2)
-    ours = jax.grad(lambda *a: loss(lambda *x, **kw: _reference(*x, **kw)[0], *a),
-                    argnums=argnums)(*args)
-    theirs = jax.grad(lambda *a: loss(_jax_nn, *a), argnums=argnums)(*args)
+    with jax.default_matmul_precision("highest"):  # as in test_matches_jax_nn_f32
+        ours = jax.grad(lambda *a: loss(lambda *x, **kw: _reference(*x, **kw)[0], *a),
+                        argnums=argnums)(*args)
+        theirs = jax.grad(lambda *a: loss(_jax_nn, *a), argnums=argnums)(*args)
     for mine, ref in zip(ours, theirs):
         assert np.all(np.isfinite(mine))
         np.testing.assert_allclose(mine, ref, rtol=1e-5, atol=1e-5)
