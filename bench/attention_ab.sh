@@ -7,6 +7,7 @@
 #   device:  bash bench/attention_ab.sh run [HEAD_DIMS]   (default "64 128 256")
 #            (AB_GQA=4: four query heads per KV head;
 #            AB_FWD_ONLY=1: the forward alone; the backward columns read 0;
+#            AB_FEATURES=1: the forward's feature instances too;
 #            AB_SIDES="old new v1": more variants, side X's tree in .ab_X/cpp,
 #            carried too)
 # Builds every side per head dim in parallel, runs them in order and then
