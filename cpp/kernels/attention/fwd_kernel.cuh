@@ -3,10 +3,14 @@
 // with the next K load in flight during softmax and P.V, and the V load in
 // flight during Q.K^T. Per-element features (segment ids, boolean mask,
 // soft cap, bias, dropout) live in separate instances (score_tile.cuh:
-// FeatLevel), so the plain one compiles as if they did not exist.
+// FeatLevel), so the plain one compiles as if they did not exist. Parts:
+// fwd_score_features.cuh (those features on a score tile) and
+// fwd_epilogue.cuh (normalize, logsumexp, O store).
 #pragma once
 #include <cuda_runtime.h>
 
+#include "kernels/attention/fwd_epilogue.cuh"
+#include "kernels/attention/fwd_score_features.cuh"
 #include "kernels/attention/kernel_args.h"
 #include "kernels/attention/mask.cuh"
 #include "kernels/attention/mma_sm80.cuh"
@@ -151,96 +155,13 @@ __global__ void __launch_bounds__(Sh::kThreads) attn_fwd_kernel(const FwdArgs a)
   const bool prescale = scale_log2 <= 0.f;
   const float softmax_scale = prescale ? 1.f : scale_log2;
 
-  // Features (kLevel > 0): segment id of each of this thread's rows (rows
-  // past q_len see no key and never read it), 1 / softcap.
+  // Feature instances: this thread's row segment ids and 1 / softcap, which
+  // FwdScoreFeatures fills and reads (it holds references, as the loop's own parts do).
   [[maybe_unused]] int q_seg[kMT][2];
   [[maybe_unused]] float inv_cap = 0.f;
-  if constexpr (kLevel != kFeatPlain) {
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int i = m0 + warp_row0 + mt * kMmaM + g + 8 * h;
-        q_seg[mt][h] = a.mask.q_segment_ids != nullptr && i < lens.q_len
-                           ? a.mask.q_segment_ids[int64_t(b) * sh.seqlen_q + i]
-                           : 0;
-      }
-  }
-  if constexpr (kLevel == kFeatScores) {
-    inv_cap = a.scores.softcap > 0.f ? 1.f / a.scores.softcap : 0.f;
-  }
-
-  // Per-element masking of a score tile (kLevel > 0): the interval masks,
-  // rows past q_len, segment ids and the boolean mask; at kFeatScores the
-  // scores also become logits x = cap(scale * s) + bias (the softmax then
-  // runs with scale log2(e)), and at kFeatMasks a non-positive scale is
-  // applied first as in the plain path.
-  [[maybe_unused]] auto feature_scores = [&](float(&s)[kMT][Sh::kKeyTiles][4], int n0) {
-    const MaskArgs& mk = a.mask;
-    const ScoreArgs& sc = a.scores;
-    if constexpr (kLevel == kFeatMasks) {
-      if (prescale) {
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-          for (int j = 0; j < Sh::kKeyTiles; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[mt][j][e] *= scale_log2;
-      }
-    }
-    // Key segment ids of this thread's columns, read once for all its rows.
-    int kv_seg[Sh::kKeyTiles][2];
-#pragma unroll
-    for (int j = 0; j < Sh::kKeyTiles; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int c = n0 + j * kMmaN + 2 * t + e;
-        kv_seg[j][e] = mk.q_segment_ids != nullptr && c < lens.kv_len
-                           ? mk.kv_segment_ids[int64_t(b) * sh.seqlen_k + c]
-                           : 0;
-      }
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int i = m0 + warp_row0 + mt * kMmaM + g + 8 * h;
-        int lo, hi;
-        key_range(mk, i, i, lens.kv_len, &lo, &hi);
-        if (i >= lens.q_len) hi = lo;
-        const int rl = warp_row0 + mt * kMmaM + g + 8 * h;  // row in the tile
-#pragma unroll
-        for (int j = 0; j < Sh::kKeyTiles; ++j) {
-          const int cl = j * kMmaN + 2 * t, c0 = n0 + cl;
-          const uint32_t mbits =
-              est.mask_off >= 0 ? staged_mask_pair<kBN>(smem + est.mask_off, rl, cl) : 3u;
-          bool vis[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            bool v = c0 + e >= lo && c0 + e < hi && ((mbits >> e) & 1u);
-            if (mk.q_segment_ids != nullptr) v = v && kv_seg[j][e] == q_seg[mt][h];
-            vis[e] = v;
-          }
-          float* x = s[mt][j] + 2 * h;
-          if constexpr (kLevel == kFeatMasks) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e)
-              if (!vis[e]) x[e] = -INFINITY;
-          } else {
-            float2 bv = make_float2(0.f, 0.f);
-            if (est.bias_elem)
-              bv = staged_bias_pair<kDt, kBN>(smem + est.bias_off, est.bias_elem == 4, rl, cl);
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float v = x[e] * a.scale;
-              if (sc.softcap > 0.f) v = soft_cap_fast(v, sc.softcap, inv_cap);
-              v += e ? bv.y : bv.x;
-              x[e] = vis[e] ? v : -INFINITY;
-            }
-          }
-        }
-      }
-    }
-  };
+  [[maybe_unused]] const FwdScoreFeatures<kDt, Sh, kLevel> features{
+      a, lens, est, smem, b, head, m0, warp_row0, g, t, prescale, scale_log2, q_seg, inv_cap};
+  if constexpr (kLevel != kFeatPlain) features.load_rows();
 
   for (int nt = t_begin; nt < t_end; ++nt) {
     const int n0 = nt * kBN;
@@ -301,29 +222,11 @@ __global__ void __launch_bounds__(Sh::kThreads) attn_fwd_kernel(const FwdArgs a)
           mask_slab(s[mt], a.mask, m0 + warp_row0 + mt * kMmaM + g, n0, t, lens.kv_len);
       }
     } else {
-      feature_scores(s, n0);
+      features.apply(s, n0);
     }
     online_softmax(s, acc, row_max, row_sum,
                    kLevel == kFeatScores ? kLog2e : softmax_scale);
-    if constexpr (kLevel == kFeatScores) {
-      // Dropout hits P after its row sum (the lse and the normalization are
-      // those of the undropped softmax); 1 / (1 - rate) is applied to O in
-      // the epilogue, which keeps 16-bit P in range.
-      if (a.scores.dropout_key != nullptr) {
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          const int r0 = m0 + warp_row0 + mt * kMmaM + g;
-#pragma unroll
-          for (int j = 0; j < Sh::kKeyTiles; ++j) {
-            const uint32_t keep =
-                dropout_bits_rows(a.scores, b, head, r0, r0 + 8, n0 + j * kMmaN + 2 * t, t);
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-              if (!((keep >> e) & 1u)) s[mt][j][e] = 0.f;
-          }
-        }
-      }
-    }
+    if constexpr (kLevel == kFeatScores) features.drop(s, n0);
     // P goes to 16-bit A fragments right away: half the registers of the
     // fp32 scores, which is what lets two 16-row slabs per warp fit.
     uint32_t pa[kMT][Sh::kKeyTiles / 2][4];
@@ -356,34 +259,8 @@ __global__ void __launch_bounds__(Sh::kThreads) attn_fwd_kernel(const FwdArgs a)
   }
   cp_async_wait<0>();
 
-  float* lse = a.lse + (int64_t(b) * sh.num_heads + head) * sh.seqlen_q + m0;
-  float out_scale = 1.f;  // 1 / (1 - dropout rate)
-  if constexpr (kLevel == kFeatScores)
-    if (a.scores.dropout_key != nullptr) out_scale = a.scores.dropout_keep_scale;
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float sum = quad_sum(row_sum[mt][h]);
-      const bool seen = sum > 0.f || sum != sum;  // NaN: a NaN score, the row NaN as in jax.nn
-      const float inv = seen ? out_scale / sum : 0.f;
-#pragma unroll
-      for (int j = 0; j < Sh::kHeadTiles; ++j) {
-        acc[mt][j][2 * h] *= inv;
-        acc[mt][j][2 * h + 1] *= inv;
-      }
-      const int r = warp_row0 + mt * kMmaM + g + 8 * h;
-      if (t == 0 && r < rows_out)
-        lse[r] = (seen && r < rows_valid) ? (row_max[mt][h] + __log2f(sum)) * kLn2 : -INFINITY;
-    }
-  }
-  __syncthreads();  // Q is dead in every warp: reuse its tile to stage O
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
-    store_acc_slab<kDt>(q_tile, kStride, warp_row0 + mt * kMmaM, 0, acc[mt], 1.f, lane);
-  __syncthreads();
-  store_tile<kBM, kHeadDim, kThreads>(static_cast<Elem*>(a.o) + q_off, q_row_stride, q_tile,
-                                      rows_out, rows_valid, sh.head_dim, tid);
+  const FwdTileRows rows{a, lens, head, b, m0, rows_out, rows_valid, tid, lane, g, t, warp_row0};
+  fwd_epilogue<kDt, Sh, kLevel>(rows, q_tile, q_off, q_row_stride, acc, row_max, row_sum);
 }
 
 template <DType kDt, class Sh, int kLevel = kFeatPlain>
