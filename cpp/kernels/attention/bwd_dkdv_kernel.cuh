@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/attention/bwd_dkdv_shape.cuh"
+#include "kernels/attention/bwd_dkdv_stage.cuh"
 #include "kernels/attention/kernel_args.h"
 #include "kernels/attention/mask.cuh"
 #include "kernels/attention/mma_sm80.cuh"
@@ -108,31 +109,10 @@ __global__ void __launch_bounds__(Sh::kThreads, Sh::kMinBlocksPerSm)
   [[maybe_unused]] ElemStage est{};
   if constexpr (kLevel != kFeatPlain)
     est = elem_stage<kBM, kBN>(dkdv_smem_bytes<Sh, kLevel>(), a.mask, a.scores, kLevel);
+  const DkdvStageLoader<kDt, Sh, kLevel> stage_loader{smem, stage_base, a,  lens,
+                                                      est,  b,          n0, tid, q_row_stride};
   auto load_q_stage = [&](int it, int stage) {
-    const int head = tile_head(it), m0 = tile_m0(it);
-    if constexpr (kLevel != kFeatPlain)
-      if (est.bytes)
-        stage_bias_mask<kBM, kBN, kThreads>(smem + stage * est.bytes, est, a.mask, a.scores, sh,
-                                            b, head, m0, n0, lens.q_len - m0, lens.kv_len - n0,
-                                            tid);
-    const int64_t q_off = ((int64_t(b) * sh.seqlen_q + m0) * sh.num_heads + head) * sh.head_dim;
-    const int rows = lens.q_len - m0;
-    unsigned char* st = stage_ptr(stage);
-    load_tile_async<kBM, kHeadDim, kThreads>(smem_u32(st), static_cast<const Elem*>(a.q) + q_off,
-                                             q_row_stride, rows, sh.head_dim, a.q, tid);
-    load_tile_async<kBM, kHeadDim, kThreads>(smem_u32(st + Sh::kQBytes),
-                                             static_cast<const Elem*>(a.d_o) + q_off,
-                                             q_row_stride, rows, sh.head_dim, a.d_o, tid);
-    float* lse2 = reinterpret_cast<float*>(st + 2 * Sh::kQBytes);
-    float* dlt = lse2 + kBM;
-    const int64_t row_off = (int64_t(b) * sh.num_heads + head) * sh.seqlen_q + m0;
-    for (int i = tid; i < kBM; i += kThreads) {
-      const bool ok = i < rows;
-      const float l = ok ? a.lse[row_off + i] : -INFINITY;
-      // Rows that saw no key (lse = -inf) must get P = 0: exp2(x - inf) = 0.
-      lse2[i] = l == -INFINITY ? INFINITY : l * kLog2e;
-      dlt[i] = ok ? a.delta[row_off + i] : 0.f;
-    }
+    stage_loader.load(tile_head(it), tile_m0(it), stage);
   };
 
   load_tile_async<kBN, kHeadDim, kThreads>(k_sa, static_cast<const Elem*>(a.k) + kv_off,
