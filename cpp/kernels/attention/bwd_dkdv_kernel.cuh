@@ -17,6 +17,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include "kernels/attention/bwd_dkdv_features.cuh"
 #include "kernels/attention/bwd_dkdv_shape.cuh"
 #include "kernels/attention/bwd_dkdv_stage.cuh"
 #include "kernels/attention/kernel_args.h"
@@ -39,18 +40,6 @@ __device__ __forceinline__ void add_pair(float* p, float x, float y) {
 #else
   atomicAdd(p, x);
   atomicAdd(p + 1, y);
-#endif
-}
-
-// Four adjacent fp32 values (16-byte aligned); one vector reduction on sm_90.
-__device__ __forceinline__ void add_quad(float* p, float4 v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float4*>(p), v);
-#else
-  atomicAdd(p, v.x);
-  atomicAdd(p + 1, v.y);
-  atomicAdd(p + 2, v.z);
-  atomicAdd(p + 3, v.w);
 #endif
 }
 
@@ -109,8 +98,8 @@ __global__ void __launch_bounds__(Sh::kThreads, Sh::kMinBlocksPerSm)
   [[maybe_unused]] ElemStage est{};
   if constexpr (kLevel != kFeatPlain)
     est = elem_stage<kBM, kBN>(dkdv_smem_bytes<Sh, kLevel>(), a.mask, a.scores, kLevel);
-  const DkdvStageLoader<kDt, Sh, kLevel> stage_loader{smem, stage_base, a,  lens,
-                                                      est,  b,          n0, tid, q_row_stride};
+  const DkdvStageLoader<kDt, Sh, kLevel> stage_loader{smem, stage_base, a,   lens,        est,
+                                                      b,    n0,         tid, q_row_stride};
   auto load_q_stage = [&](int it, int stage) {
     stage_loader.load(tile_head(it), tile_m0(it), stage);
   };
@@ -139,22 +128,7 @@ __global__ void __launch_bounds__(Sh::kThreads, Sh::kMinBlocksPerSm)
   [[maybe_unused]] float* dsf = reinterpret_cast<float*>(smem + Sh::kSmemBytes);
   [[maybe_unused]] bool dbias_atomic = false, dbias_vec = false;
   [[maybe_unused]] float inv_cap = 0.f;
-  if constexpr (kLevel != kFeatPlain) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int key = n0 + key_r0 + g + 8 * h;
-      if (a.mask.q_segment_ids != nullptr && key < lens.kv_len)
-        k_seg[h] = a.mask.kv_segment_ids[int64_t(b) * sh.seqlen_k + key];
-    }
-  }
-  if constexpr (kLevel == kFeatScores) {
-    dbias_atomic = dbias_needs_atomics(a.scores, sh);
-    // Four keys per store: 16 bytes (float32) or 8 (16-bit dbias) aligned.
-    dbias_vec = reinterpret_cast<uintptr_t>(a.dbias) % (a.dbias_f32 ? 16 : 8) == 0 &&
-                sh.seqlen_k % 4 == 0 &&
-                a.scores.bias_stride_b % 4 == 0 && a.scores.bias_stride_n % 4 == 0;
-    inv_cap = a.scores.softcap > 0.f ? 1.f / a.scores.softcap : 0.f;
-  }
+  init_dkdv_features<kLevel>(a, lens, b, n0, key_r0, g, k_seg, dbias_atomic, dbias_vec, inv_cap);
 
   for (int it = 0; it < total; ++it) {
     int stage = 0;
@@ -375,53 +349,12 @@ __global__ void __launch_bounds__(Sh::kThreads, Sh::kMinBlocksPerSm)
       }
     }
 
-    // kFeatScores: the tile's dS (staged in phase A) into dbias, rows of
-    // keys as 16-byte (float32) or 8-byte (16-bit) stores, or vector
-    // reductions; all-zero quads (hidden elements) are skipped, dbias being
-    // zeroed already. A 16-bit dbias has one writer per element (contract/attention.h).
+    // kFeatScores: the tile's dS (staged in phase A) into dbias.
     if constexpr (kLevel == kFeatScores) {
       if (a.dbias != nullptr) {
-        using E = typename ElemOf<kDt>::type;
-        constexpr int kChunks = kBN / 4;
-        const int rows = min(kBM, lens.q_len - m0), keys = min(kBN, lens.kv_len - n0);
-        const int64_t at0 = b * a.scores.bias_stride_b + head * a.scores.bias_stride_n +
-                            int64_t(m0) * sh.seqlen_k + n0;
-        for (int idx = tid; idx < kBM * kChunks; idx += kThreads) {
-          const int r = idx / kChunks, c = (idx % kChunks) * 4;
-          if (r >= rows || c >= keys) continue;
-          const float4 v = *reinterpret_cast<const float4*>(dsf + r * dbias_stride<Sh>() + c);
-          if (v.x == 0.f && v.y == 0.f && v.z == 0.f && v.w == 0.f) continue;
-          const int64_t at = at0 + int64_t(r) * sh.seqlen_k + c;
-          if (!a.dbias_f32) {
-            E* dst = static_cast<E*>(a.dbias) + at;
-            if (dbias_vec && c + 4 <= keys) {
-              *reinterpret_cast<uint2*>(dst) = make_uint2(pack2<kDt>(v.x, v.y), pack2<kDt>(v.z, v.w));
-            } else {
-              const float w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-              for (int e = 0; e < 4; ++e)
-                if (c + e < keys) dst[e] = static_cast<E>(w[e]);
-            }
-            continue;
-          }
-          float* dst = static_cast<float*>(a.dbias) + at;
-          if (dbias_vec && c + 4 <= keys) {
-            if (dbias_atomic)
-              add_quad(dst, v);
-            else
-              *reinterpret_cast<float4*>(dst) = v;
-          } else {
-            const float w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-              if (c + e < keys && w[e] != 0.f) {
-                if (dbias_atomic)
-                  atomicAdd(dst + e, w[e]);
-                else
-                  dst[e] = w[e];
-              }
-          }
-        }
+        float w16[4], w32[4];
+        write_dbias<kDt, Sh>(a, lens, dsf, dbias_atomic, dbias_vec, b, head, m0, n0, tid, w16,
+                             w32);
       }
     }
 
