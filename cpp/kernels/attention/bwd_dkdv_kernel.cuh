@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/attention/bwd_dkdv_features.cuh"
+#include "kernels/attention/bwd_dkdv_scores.cuh"
 #include "kernels/attention/bwd_dkdv_shape.cuh"
 #include "kernels/attention/bwd_dkdv_stage.cuh"
 #include "kernels/attention/kernel_args.h"
@@ -51,6 +52,7 @@ __global__ void __launch_bounds__(Sh::kThreads, Sh::kMinBlocksPerSm)
     attn_bwd_dkdv_kernel(const BwdArgs a) {
   constexpr int kHeadDim = Sh::kHeadDim;
   using Elem = typename ElemOf<kDt>::type;
+  using Scores = DkdvScores<kDt, Sh, kLevel>;
   constexpr int kBM = Sh::kBlockM, kBN = Sh::kBlockN, kThreads = Sh::kThreads;
   constexpr int kStride = Sh::kStride, kPStride = Sh::kPStride;
 
@@ -130,6 +132,9 @@ __global__ void __launch_bounds__(Sh::kThreads, Sh::kMinBlocksPerSm)
   [[maybe_unused]] float inv_cap = 0.f;
   init_dkdv_features<kLevel>(a, lens, b, n0, key_r0, g, k_seg, dbias_atomic, dbias_vec, inv_cap);
 
+  const Scores scores{smem, a,    lens, est,    b,       n0,         lane,  g,   t,      key_r0,
+                      part, k_sa, v_sa, p_tile, ds_tile, scale_log2, k_seg, dsf, inv_cap};
+
   for (int it = 0; it < total; ++it) {
     int stage = 0;
     if constexpr (Sh::kStages == 2) {
@@ -151,181 +156,16 @@ __global__ void __launch_bounds__(Sh::kThreads, Sh::kMinBlocksPerSm)
     const float* lse2 = reinterpret_cast<const float*>(st + 2 * Sh::kQBytes);
     const float* dlt = lse2 + kBM;
 
-    // Phase A: this warp's 16 keys x kQCols query columns. dS^T uses the
-    // 16-bit P^T, the same values phase B multiplies.
-    {
-      constexpr int kATiles = Sh::kQCols / kMmaN;
-      const int qc0 = part * Sh::kQCols;
-      float s[kATiles][4], dp[kATiles][4];
-#pragma unroll
-      for (int j = 0; j < kATiles; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.f;
-      // dP^T += V.dO^T over the whole head dim (or, fused, one k-step).
-      auto dp_step = [&](int ks) {
-        uint32_t va[4];
-        load_a(va, v_sa, kStride, key_r0, ks * kMmaK, lane);
-#pragma unroll
-        for (int np = 0; np < kATiles / 2; ++np) {
-          uint32_t ob[4];
-          load_b_nk(ob, do_sa, kStride, qc0 + np * 2 * kMmaN, ks * kMmaK, lane);
-          mma_16816<kDt>(dp[2 * np], va, ob[0], ob[1]);
-          mma_16816<kDt>(dp[2 * np + 1], va, ob[2], ob[3]);
-        }
-      };
-#pragma unroll
-      for (int ks = 0; ks < kHeadDim / kMmaK; ++ks) {
-        uint32_t ka[4];
-        load_a(ka, k_sa, kStride, key_r0, ks * kMmaK, lane);
-#pragma unroll
-        for (int np = 0; np < kATiles / 2; ++np) {
-          uint32_t qb[4];
-          load_b_nk(qb, q_sa, kStride, qc0 + np * 2 * kMmaN, ks * kMmaK, lane);
-          mma_16816<kDt>(s[2 * np], ka, qb[0], qb[1]);
-          mma_16816<kDt>(s[2 * np + 1], ka, qb[2], qb[3]);
-        }
-        if constexpr (!Sh::kSplitScores) dp_step(ks);
-      }
-      // With per-element features every tile is masked per element, so
-      // the intervals also keep the loads below inside [0, q_len).
-      const bool partial =
-          kLevel != kFeatPlain ||
-          tile_is_partial(a.mask, m0, m0 + kBM - 1, n0, n0 + kBN - 1, lens.kv_len);
-      // Each of the thread's two keys is seen by one interval of query rows
-      // (tile-local here), so masking is two compares per score.
-      int q_lo[2] = {0, 0}, q_hi[2] = {kBM, kBM};
-      if (partial) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int key = n0 + key_r0 + g + 8 * h;
-          query_range(a.mask, key, key, lens.q_len, &q_lo[h], &q_hi[h]);
-          if (key >= lens.kv_len) q_hi[h] = q_lo[h];
-          q_lo[h] -= m0;
-          q_hi[h] -= m0;
-        }
-      }
-      // This stage's staged bias and mask ([query][key] blocks).
-      [[maybe_unused]] const unsigned char* staged = smem + stage * est.bytes;
-      // Whether element e of key tile j (key half e / 2, query qc + e % 2) is
-      // visible: interval, segment ids, mask.
-      auto element_vis = [&](int j, int e) {
-        const int q_local = qc0 + j * kMmaN + 2 * t + (e % 2);
-        bool v = q_local >= q_lo[e / 2] && q_local < q_hi[e / 2];
-        if constexpr (kLevel != kFeatPlain) {
-          if (est.mask_off >= 0)
-            v = v && staged_mask<kBN>(staged + est.mask_off, q_local, key_r0 + g + 8 * (e / 2));
-          if (a.mask.q_segment_ids != nullptr && v)
-            v = a.mask.q_segment_ids[int64_t(b) * sh.seqlen_q + m0 + q_local] == k_seg[e / 2];
-        }
-        return v;
-      };
-      uint32_t p_pk[kATiles][2];
-      // kFeatScores: soft cap derivative (16-bit pairs like P^T) and the
-      // dropout keep bits (4 per key tile) carried from P^T to dS^T.
-      [[maybe_unused]] uint32_t g_pk[kLevel == kFeatScores ? kATiles : 1][2];
-      [[maybe_unused]] uint32_t keep_bits = 0xffffffffu;
-      static_assert(kATiles * 4 <= 32, "keep bits fit one register");
-      // dS^T = P^T * (dP^T - delta) for key tile j, from the 16-bit P^T.
-      auto store_ds = [&](int j) {
-        const int qc = qc0 + j * kMmaN + 2 * t;
-        const float d0 = dlt[qc], d1 = dlt[qc + 1];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float2 p = unpack2<kDt>(p_pk[j][h]);
-          float ds0, ds1;
-          if constexpr (kLevel == kFeatScores) {
-            const ScoreArgs& sc = a.scores;
-            float dp0 = dp[j][2 * h], dp1 = dp[j][2 * h + 1];
-            if (sc.dropout_key != nullptr) {
-              const uint32_t keep = keep_bits >> (4 * j + 2 * h);
-              dp0 = keep & 1u ? dp0 * sc.dropout_keep_scale : 0.f;
-              dp1 = keep & 2u ? dp1 * sc.dropout_keep_scale : 0.f;
-            }
-            ds0 = p.x * (dp0 - d0);
-            ds1 = p.y * (dp1 - d1);
-            if (a.dbias != nullptr) {
-              // Staged for write_dbias (hidden elements: P = 0, dS = 0).
-              float* d = dsf + qc * dbias_stride<Sh>() + key_r0 + g + 8 * h;
-              d[0] = ds0;
-              d[dbias_stride<Sh>()] = ds1;
-            }
-            if (sc.softcap > 0.f) {
-              const float2 gr = unpack2<kDt>(g_pk[j][h]);
-              ds0 *= gr.x;
-              ds1 *= gr.y;
-            }
-          } else {
-            ds0 = p.x * (dp[j][2 * h] - d0);
-            ds1 = p.y * (dp[j][2 * h + 1] - d1);
-          }
-          *reinterpret_cast<uint32_t*>(ds_tile + (key_r0 + g + 8 * h) * kPStride + qc) =
-              pack2<kDt>(ds0, ds1);
-        }
-      };
-#pragma unroll
-      for (int j = 0; j < kATiles; ++j) {
-        const int qc = qc0 + j * kMmaN + 2 * t;
-        float p[4];
-        if constexpr (kLevel == kFeatScores) {
-          const ScoreArgs& sc = a.scores;
-          if (sc.dropout_key != nullptr) {
-            const uint32_t keep = dropout_bits_keys(sc, b, head, m0 + qc, n0 + key_r0, g);
-            keep_bits = (keep_bits & ~(0xfu << (4 * j))) | keep << (4 * j);
-          }
-          float gr[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int q_local = qc + (e % 2);
-            const bool vis = element_vis(j, e);
-            float x = s[j][e] * a.scale;
-            gr[e] = 1.f;
-            if (sc.softcap > 0.f) {
-              x = soft_cap_fast(x, sc.softcap, inv_cap);
-              gr[e] = soft_cap_grad(x, sc.softcap);
-            }
-            if (est.bias_elem && vis)
-              x += staged_bias<kDt, kBN>(staged + est.bias_off, est.bias_elem == 4, q_local,
-                                         key_r0 + g + 8 * (e / 2));
-            p[e] = vis ? fast_exp2(fmaf(x, kLog2e, -lse2[q_local])) : 0.f;
-          }
-          p_pk[j][0] = pack2<kDt>(p[0], p[1]);
-          p_pk[j][1] = pack2<kDt>(p[2], p[3]);
-          g_pk[j][0] = pack2<kDt>(gr[0], gr[1]);
-          g_pk[j][1] = pack2<kDt>(gr[2], gr[3]);
-          uint32_t pv[2] = {p_pk[j][0], p_pk[j][1]};
-          if (sc.dropout_key != nullptr) {
-            // P^T for dV: the dropout mask and 1 / (1 - rate) applied.
-            const uint32_t keep = keep_bits >> (4 * j);
-            const float ks = sc.dropout_keep_scale;
-#pragma unroll
-            for (int e = 0; e < 4; ++e) p[e] = (keep >> e) & 1u ? p[e] * ks : 0.f;
-            pv[0] = pack2<kDt>(p[0], p[1]);
-            pv[1] = pack2<kDt>(p[2], p[3]);
-          }
-          *reinterpret_cast<uint32_t*>(p_tile + (key_r0 + g) * kPStride + qc) = pv[0];
-          *reinterpret_cast<uint32_t*>(p_tile + (key_r0 + g + 8) * kPStride + qc) = pv[1];
-        } else {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int q_local = qc + (e % 2);
-            float x = s[j][e] * scale_log2;
-            if (!element_vis(j, e)) x = -INFINITY;
-            p[e] = fast_exp2(x - lse2[q_local]);
-          }
-          p_pk[j][0] = pack2<kDt>(p[0], p[1]);
-          p_pk[j][1] = pack2<kDt>(p[2], p[3]);
-          *reinterpret_cast<uint32_t*>(p_tile + (key_r0 + g) * kPStride + qc) = p_pk[j][0];
-          *reinterpret_cast<uint32_t*>(p_tile + (key_r0 + g + 8) * kPStride + qc) = p_pk[j][1];
-        }
-        if constexpr (!Sh::kSplitScores) store_ds(j);
-      }
-      if constexpr (Sh::kSplitScores) {
-#pragma unroll
-        for (int ks = 0; ks < kHeadDim / kMmaK; ++ks) dp_step(ks);
-#pragma unroll
-        for (int j = 0; j < kATiles; ++j) store_ds(j);
-      }
-    }
+    // Phase A: P^T and dS^T of this warp's 16 keys x kQCols query columns
+    // into shared memory.
+    typename Scores::Frag s, dp;
+    int q_lo[2] = {0, 0}, q_hi[2] = {kBM, kBM};
+    typename Scores::Packed p_pk;
+    [[maybe_unused]] typename Scores::GradPacked g_pk;
+    float p[4], gr[4];
+    uint32_t pv[2];
+    scores.compute(head, m0, stage, q_sa, do_sa, lse2, dlt, s, dp, q_lo, q_hi, p_pk, g_pk, p, gr,
+                   pv);
     __syncthreads();
 
     // Phase B: this warp's 16 keys x kHCols head columns of dV and dK.
