@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/attention/bwd_dkdv_features.cuh"
+#include "kernels/attention/bwd_dkdv_products.cuh"
 #include "kernels/attention/bwd_dkdv_scores.cuh"
 #include "kernels/attention/bwd_dkdv_shape.cuh"
 #include "kernels/attention/bwd_dkdv_stage.cuh"
@@ -168,26 +169,9 @@ __global__ void __launch_bounds__(Sh::kThreads, Sh::kMinBlocksPerSm)
                    pv);
     __syncthreads();
 
-    // Phase B: this warp's 16 keys x kHCols head columns of dV and dK.
-    {
-      const int hc0 = part * Sh::kHCols;
-#pragma unroll
-      for (int qk = 0; qk < kBM / kMmaK; ++qk) {
-        uint32_t pa[4], dsa[4];
-        load_a(pa, p_sa, kPStride, key_r0, qk * kMmaK, lane);
-        load_a(dsa, ds_sa, kPStride, key_r0, qk * kMmaK, lane);
-#pragma unroll
-        for (int np = 0; np < kBTiles / 2; ++np) {
-          uint32_t ob[4], qb[4];
-          load_b_kn(ob, do_sa, kStride, hc0 + np * 2 * kMmaN, qk * kMmaK, lane);
-          load_b_kn(qb, q_sa, kStride, hc0 + np * 2 * kMmaN, qk * kMmaK, lane);
-          mma_16816<kDt>(dv[2 * np], pa, ob[0], ob[1]);
-          mma_16816<kDt>(dv[2 * np + 1], pa, ob[2], ob[3]);
-          mma_16816<kDt>(dk[2 * np], dsa, qb[0], qb[1]);
-          mma_16816<kDt>(dk[2 * np + 1], dsa, qb[2], qb[3]);
-        }
-      }
-    }
+    // Phase B: dV and dK of this warp's 16 keys x kHCols head columns.
+    uint32_t pa[4], dsa[4], ob[4], qb[4];
+    accumulate_dkdv<kDt, Sh>(dk, dv, p_sa, ds_sa, q_sa, do_sa, key_r0, part, lane, pa, dsa, ob, qb);
 
     // kFeatScores: the tile's dS (staged in phase A) into dbias.
     if constexpr (kLevel == kFeatScores) {
