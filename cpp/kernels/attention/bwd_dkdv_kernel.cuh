@@ -17,6 +17,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include "kernels/attention/bwd_dkdv_dq.cuh"
 #include "kernels/attention/bwd_dkdv_features.cuh"
 #include "kernels/attention/bwd_dkdv_products.cuh"
 #include "kernels/attention/bwd_dkdv_scores.cuh"
@@ -33,18 +34,6 @@
 namespace jaxcraft {
 namespace attn {
 
-// Adds two adjacent fp32 values (8-byte aligned: c is even, rows have an
-// even number of columns). sm_90 has a 64-bit vector reduction, which halves
-// the atomic traffic that bounds the fast dQ path.
-__device__ __forceinline__ void add_pair(float* p, float x, float y) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float2*>(p), make_float2(x, y));
-#else
-  atomicAdd(p, x);
-  atomicAdd(p + 1, y);
-#endif
-}
-
 // The feature instances keep the plain launch bounds: at H32/H64 two CTAs
 // per SM with some spilling measured faster than one CTA without (H100,
 // packed documents 0.50 vs 0.72 ms; soft cap 2.1 vs 2.8 ms).
@@ -55,7 +44,7 @@ __global__ void __launch_bounds__(Sh::kThreads, Sh::kMinBlocksPerSm)
   using Elem = typename ElemOf<kDt>::type;
   using Scores = DkdvScores<kDt, Sh, kLevel>;
   constexpr int kBM = Sh::kBlockM, kBN = Sh::kBlockN, kThreads = Sh::kThreads;
-  constexpr int kStride = Sh::kStride, kPStride = Sh::kPStride;
+  constexpr int kStride = Sh::kStride;
 
   extern __shared__ __align__(16) unsigned char smem[];
   Elem* k_tile = reinterpret_cast<Elem*>(smem);
@@ -182,40 +171,12 @@ __global__ void __launch_bounds__(Sh::kThreads, Sh::kMinBlocksPerSm)
       }
     }
 
-    // Phase C: 16 query rows x kCCols head columns of dQ (unscaled).
+    // Phase C (fast path): dQ of 16 query rows x kCCols head columns.
     if (a.dq_accum != nullptr) {
-      constexpr int kCTiles = Sh::kCCols / kMmaN;
-      const int qr0 = (warp % Sh::kQSlabs) * kMmaM;
-      const int hc0 = (warp / Sh::kQSlabs) * Sh::kCCols;
-      float dq[kCTiles][4];
-#pragma unroll
-      for (int j = 0; j < kCTiles; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dq[j][e] = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < kBN / kMmaK; ++kk) {
-        uint32_t dsa[4];
-        load_a_trans(dsa, ds_sa, kPStride, qr0, kk * kMmaK, lane);
-#pragma unroll
-        for (int np = 0; np < kCTiles / 2; ++np) {
-          uint32_t kb[4];
-          load_b_kn(kb, k_sa, kStride, hc0 + np * 2 * kMmaN, kk * kMmaK, lane);
-          mma_16816<kDt>(dq[2 * np], dsa, kb[0], kb[1]);
-          mma_16816<kDt>(dq[2 * np + 1], dsa, kb[2], kb[3]);
-        }
-      }
-      float* dqa = a.dq_accum + ((int64_t(b) * sh.seqlen_q + m0) * sh.num_heads + head) * sh.head_dim;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = qr0 + g + 8 * h;
-        if (m0 + r < lens.q_len) {
-#pragma unroll
-          for (int j = 0; j < kCTiles; ++j) {
-            const int c = hc0 + j * kMmaN + 2 * t;
-            if (c < sh.head_dim) add_pair(dqa + r * q_row_stride + c, dq[j][2 * h], dq[j][2 * h + 1]);
-          }
-        }
-      }
+      float dq[Sh::kCCols / kMmaN][4];
+      uint32_t ds_at[4], kb[4];
+      accumulate_dq<kDt, Sh>(a, lens, dq, ds_sa, k_sa, warp, lane, g, t, b, head, m0,
+                             q_row_stride, ds_at, kb);
     }
     __syncthreads();  // stage and P/dS tiles are free for the next iteration
   }
