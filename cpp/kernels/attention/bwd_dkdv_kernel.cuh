@@ -14,10 +14,25 @@
 // bias, P^T goes to phase B with the dropout mask and 1 / (1 - rate) applied,
 // dS^T = P^T * (dP^T * keep / (1 - rate) - delta) is added to dbias, and
 // phases B and C take dS^T times the soft cap's derivative.
+// The parts: DkdvShape (bwd_dkdv_shape.cuh), DkdvStageLoader
+// (bwd_dkdv_stage.cuh), init_dkdv_features and write_dbias
+// (bwd_dkdv_features.cuh), phase A's DkdvScores (bwd_dkdv_scores.cuh),
+// phase B's accumulate_dkdv (bwd_dkdv_products.cuh), phase C's
+// accumulate_dq (bwd_dkdv_dq.cuh) and store_dkdv (bwd_dkdv_epilogue.cuh).
+// The query-tile loop stays in the kernel, and the parts take the kernel's
+// values as reference arguments or hold references to its variables, as
+// lambdas capture them (a struct holding copies of the feature state moved
+// a load of a kernel argument). A part's own arrays are allocated ahead
+// of the kernel's, which renumbered the dK/dV accumulators and changed the
+// SASS; so the loop declares the arrays the parts fill, in their order in
+// the unsplit kernel, down to phases B and C's ldmatrix operands and
+// write_dbias's four-value rows (phase A's ldmatrix operands made no
+// difference and stay in DkdvScores).
 #pragma once
 #include <cuda_runtime.h>
 
 #include "kernels/attention/bwd_dkdv_dq.cuh"
+#include "kernels/attention/bwd_dkdv_epilogue.cuh"
 #include "kernels/attention/bwd_dkdv_features.cuh"
 #include "kernels/attention/bwd_dkdv_products.cuh"
 #include "kernels/attention/bwd_dkdv_scores.cuh"
@@ -29,7 +44,6 @@
 #include "kernels/attention/score_tile.cuh"
 #include "kernels/attention/smem_tile.cuh"
 #include "kernels/attention/softmax.cuh"
-#include "kernels/attention/tile_config.h"
 
 namespace jaxcraft {
 namespace attn {
@@ -44,7 +58,6 @@ __global__ void __launch_bounds__(Sh::kThreads, Sh::kMinBlocksPerSm)
   using Elem = typename ElemOf<kDt>::type;
   using Scores = DkdvScores<kDt, Sh, kLevel>;
   constexpr int kBM = Sh::kBlockM, kBN = Sh::kBlockN, kThreads = Sh::kThreads;
-  constexpr int kStride = Sh::kStride;
 
   extern __shared__ __align__(16) unsigned char smem[];
   Elem* k_tile = reinterpret_cast<Elem*>(smem);
@@ -180,18 +193,8 @@ __global__ void __launch_bounds__(Sh::kThreads, Sh::kMinBlocksPerSm)
     }
     __syncthreads();  // stage and P/dS tiles are free for the next iteration
   }
-  cp_async_wait<0>();
-  __syncthreads();
-
-  // K and V are dead: stage dK and dV through their tiles for 16-byte stores.
-  const int hc0 = part * Sh::kHCols;
-  store_acc_slab<kDt>(k_tile, kStride, key_r0, hc0, dk, a.scale, lane);
-  store_acc_slab<kDt>(v_tile, kStride, key_r0, hc0, dv, 1.f, lane);
-  __syncthreads();
-  store_tile<kBN, kHeadDim, kThreads>(static_cast<Elem*>(a.dk) + kv_off, kv_row_stride, k_tile,
-                                      keys_out, keys_valid, sh.head_dim, tid);
-  store_tile<kBN, kHeadDim, kThreads>(static_cast<Elem*>(a.dv) + kv_off, kv_row_stride, v_tile,
-                                      keys_out, keys_valid, sh.head_dim, tid);
+  store_dkdv<kDt, Sh>(a, dk, dv, k_tile, v_tile, key_r0, part, lane, tid, kv_off, kv_row_stride,
+                      keys_out, keys_valid);
 }
 
 template <DType kDt, class Sh, int kLevel = kFeatPlain>

@@ -22,8 +22,7 @@ struct DkdvStageLoader {
   using Elem = typename ElemOf<kDt>::type;
   static constexpr int kBM = Sh::kBlockM, kBN = Sh::kBlockN, kThreads = Sh::kThreads;
   // Every member but smem (the dynamic shared memory's base) refers to a
-  // variable of the kernel, as a lambda's captures would: nvcc simplifies a
-  // part before inlining it, and copied values changed the code it made.
+  // variable of the kernel, as a lambda's captures would.
   unsigned char* smem;
   unsigned char* const& stage_base;
   const BwdArgs& a;
