@@ -7,7 +7,6 @@
 
 #include "contract/dtype.h"
 #include "kernels/attention/kernel_args.h"
-#include "kernels/attention/mask.cuh"
 #include "kernels/attention/mma_sm80.cuh"
 #include "kernels/attention/score_tile.cuh"
 #include "kernels/attention/smem_tile.cuh"
@@ -21,7 +20,6 @@ namespace attn {
 // members can compile to different code.
 struct FwdTileRows {
   const FwdArgs& a;
-  const SeqLens& lens;
   const int& head;
   const int& b;
   const int& m0;          // the tile's first query row

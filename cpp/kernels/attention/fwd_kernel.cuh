@@ -259,7 +259,7 @@ __global__ void __launch_bounds__(Sh::kThreads) attn_fwd_kernel(const FwdArgs a)
   }
   cp_async_wait<0>();
 
-  const FwdTileRows rows{a, lens, head, b, m0, rows_out, rows_valid, tid, lane, g, t, warp_row0};
+  const FwdTileRows rows{a, head, b, m0, rows_out, rows_valid, tid, lane, g, t, warp_row0};
   fwd_epilogue<kDt, Sh, kLevel>(rows, q_tile, q_off, q_row_stride, acc, row_max, row_sum);
 }
 
