@@ -12,8 +12,11 @@ import jaxcraft
 
 def norm_cases():
   key = jax.random.key(0)
-  # Register path (aligned rows), streaming path (wide rows), scalar path (C % 8 != 0).
-  for shape, dtype in [((7, 1024), jnp.bfloat16), ((3, 65536), jnp.bfloat16),
+  # Register path (aligned rows; from 4096 bf16 columns the backward's row
+  # ring, wrapping around as a block walks its rows; clusters at 65536 bf16
+  # and 16384 f32), scalar path (C % 8 != 0).
+  for shape, dtype in [((7, 1024), jnp.bfloat16), ((9, 4096), jnp.bfloat16),
+                       ((3, 65536), jnp.bfloat16), ((6, 16384), jnp.float32),
                        ((5, 257), jnp.float32), ((33, 96), jnp.float16)]:
     x = jax.random.normal(key, shape, dtype)
     s = jnp.linspace(0.5, 1.5, shape[-1])

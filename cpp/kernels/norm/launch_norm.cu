@@ -118,6 +118,24 @@ bool launch_fwd_warp_for(const NormFwdParams& p, bool clusters, cudaStream_t str
   return true;
 }
 
+// Rows in the backward's shared-memory ring (one-row blocks): as many as fit
+// the device's per-block limit, up to norm::kBwdMaxStages; the kernel's
+// attribute is raised to match, once per device.
+template <typename Kernel>
+cudaError_t bwd_stage_count(Kernel* kernel, int stage_bytes, std::atomic<int> (&cache)[kMaxCachedDevices],
+                            int* stages) {
+  return per_device(cache, [&](int device, int* v) {
+    // Room left for the kernel's static shared memory (RowSum's few hundred bytes).
+    constexpr int kStaticMargin = 2048;
+    int optin = 0;
+    cudaError_t e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    *v = std::max(2, std::min(norm::kBwdMaxStages, (optin - kStaticMargin) / stage_bytes));
+    if (e == cudaSuccess)
+      e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, *v * stage_bytes);
+    return e;
+  }, stages);
+}
+
 // One cluster (a block when kSplit == 1) per partial row of dscale/dbias, but
 // no more than fit on the device at once: the clusters walk the rows, and a
 // second wave of them would double the time (4- and 8-CTA clusters of
@@ -127,16 +145,24 @@ cudaError_t launch_bwd_rows(const NormBwdParams& p, cudaStream_t stream) {
   constexpr auto kKernel = norm::norm_bwd_rows_kernel<T, kGroup, kVecs, kSplit>;
   constexpr int kThreads = block_threads<kGroup>();
   constexpr int kRowsPerBlock = kThreads / kGroup;
-  constexpr size_t kFoldBytes =
-      kRowsPerBlock > 1 ? sizeof(float) * kRowsPerBlock * kGroup * kVecs * Vec<T>::kN : 0;
-  static std::atomic<int> resident[kMaxCachedDevices];
+  static std::atomic<int> stage_cache[kMaxCachedDevices], resident[kMaxCachedDevices];
+  // Several rows per block: their dscale/dbias fold through shared memory;
+  // one: the row ring.
+  size_t smem = sizeof(float) * kRowsPerBlock * kGroup * kVecs * Vec<T>::kN;
+  int stages = 0;
+  if constexpr (kRowsPerBlock == 1) {
+    constexpr int kStageBytes = norm::BwdStages<T, kVecs, kGroup>::kStageBytes;
+    const cudaError_t e = bwd_stage_count(kKernel, kStageBytes, stage_cache, &stages);
+    if (e != cudaSuccess) return e;
+    smem = size_t(stages) * kStageBytes;
+  }
   int fit = 0;
-  const cudaError_t err = per_device(resident, [](int, int* v) {
-    return resident_groups(kKernel, kSplit, kThreads, kFoldBytes, v);
+  const cudaError_t err = per_device(resident, [&](int, int* v) {
+    return resident_groups(kKernel, kSplit, kThreads, smem, v);
   }, &fit);
   if (err != cudaSuccess) return err;
   const int64_t clusters = std::min<int64_t>(p.num_partials, fit);
-  return ClusterLaunch(kSplit, clusters * kSplit, kThreads, kFoldBytes, stream).launch(kKernel, p);
+  return ClusterLaunch(kSplit, clusters * kSplit, kThreads, smem, stream).launch(kKernel, p, stages);
 }
 
 template <typename T>

@@ -1,12 +1,14 @@
 // Layer norm / RMS norm backward with the row held in registers: kGroup
 // threads share a row, each holding kVecs 16-byte vectors, so dy and h are
-// read once and dh written once. With kSplit > 1 (sm_90+, launched as
+// read once and dh written once (rows of a whole block arrive through a
+// shared-memory ring, BwdStages). With kSplit > 1 (sm_90+, launched as
 // clusters of kSplit CTAs) CTA r of a cluster holds the r-th slice of the
 // row, so a row kSplit times wider fits in the same registers per thread;
 // row statistics meet in distributed shared memory (RowSum). Requires
 // cols % Vec<T>::kN == 0 and cols <= kSplit * kGroup * kVecs * Vec<T>::kN.
 #pragma once
 #include "contract/norm.h"
+#include "kernels/norm/norm_bwd_stages.cuh"
 #include "kernels/norm/norm_common.cuh"
 #include "kernels/norm/norm_row_sum.cuh"
 
@@ -39,7 +41,7 @@ __device__ __forceinline__ int64_t num_clusters() { return gridDim.x / kSplit; }
 // are folded across the block's groups through shared memory at the end
 // (fixed order: deterministic).
 template <typename T, int kGroup, int kVecs, int kSplit>
-__device__ __forceinline__ void bwd_rows(const NormBwdParams& p) {
+__device__ __forceinline__ void bwd_rows(const NormBwdParams& p, int stages) {
   constexpr int kN = Vec<T>::kN;
   constexpr int kRowsPerBlock = block_threads<kGroup>() / kGroup;
   constexpr int kRowCapacity = kGroup * kVecs * kN;
@@ -47,7 +49,9 @@ __device__ __forceinline__ void bwd_rows(const NormBwdParams& p) {
   using Sum = RowSum<kGroup, kSplit, 2>;
   __shared__ typename Sum::Shared sum_smem;
   Sum row_sum(sum_smem);
-  extern __shared__ float fold[];  // [kRowsPerBlock][kRowCapacity] when kRowsPerBlock > 1
+  // [kRowsPerBlock][kRowCapacity] floats (fold) when kRowsPerBlock > 1, else the row stages.
+  extern __shared__ float4 dyn_smem[];
+  float* const fold = reinterpret_cast<float*>(dyn_smem);
 
   const int lane = threadIdx.x % kGroup;
   const int group = threadIdx.x / kGroup;
@@ -75,15 +79,14 @@ __device__ __forceinline__ void bwd_rows(const NormBwdParams& p) {
   }
 
   // Rows held as stored (bf16: half the registers of float32). Rows of a
-  // whole block (kGroup >= 256) or of a cluster go two deep: the loads of the
-  // next row (dy, h, mean, rstd) are in flight while this row crosses its
-  // barriers and writes dh. Narrower rows, several to a block, measured up to
-  // 17% slower two deep (H200, bf16, 1024-2048 columns) and load one at a time.
-  constexpr bool kPipelined = kGroup >= 256;
-  struct Row {
-    Vec<T> dy[kVecs], h[kVecs];
-    float mean = 0.f, rstd = 0.f;
-  };
+  // whole block (kGroup >= 256) or of a cluster come through a ring of
+  // `stages` rows in shared memory (BwdStages): stages - 1 rows' loads are
+  // in flight while this row crosses its barriers and writes dh. Narrower
+  // rows, several to a block, load one at a time into registers, with the
+  // block's next rows prefetched into L2.
+  constexpr bool kStaged = kRowsPerBlock == 1;
+  using Row = BwdRow<T, kVecs>;
+  const BwdStages<T, kVecs, kGroup> ring{reinterpret_cast<char*>(dyn_smem), stages};
   auto load_row = [&](int64_t row, Row& r) {
     if (row >= p.rows) return;
     if (p.mean) r.mean = p.mean[row];
@@ -99,20 +102,23 @@ __device__ __forceinline__ void bwd_rows(const NormBwdParams& p) {
   };
   const int64_t first_row = cluster_index<kSplit>() * kRowsPerBlock;
   const int64_t row_stride = num_clusters<kSplit>() * kRowsPerBlock;
-  Row next;
-  if constexpr (kPipelined) load_row(first_row + group, next);
+  if constexpr (kStaged)
+    for (int s = 0; s + 1 < stages; ++s) ring.issue(s, first_row + s * row_stride, p, cols);
+  int stage = 0;
   for (int64_t base = first_row; base < p.rows; base += row_stride) {
     const int64_t row = base + group;
     const bool row_ok = row < p.rows;
-    if constexpr (!kPipelined) load_row(row, next);
-    const Row cur = next;
-    if constexpr (kPipelined) load_row(row + row_stride, next);
-    // The block's rows after those in registers stream into L2 meanwhile
-    // (dh_extra: the next rows', read after this row's barrier). Prefetching
-    // further ahead measured no faster, and slower with dh_extra.
-    constexpr int kAhead = kPipelined ? 2 : 1;
-    prefetch_rows<kRowsPerBlock>(dy, base + kAhead * row_stride, p.rows, C, cols);
-    prefetch_rows<kRowsPerBlock>(h, base + kAhead * row_stride, p.rows, C, cols);
+    Row cur;
+    if constexpr (kStaged) {
+      ring.issue(stage == 0 ? stages - 1 : stage - 1, row + (stages - 1) * row_stride, p, cols);
+      cur = ring.take(stage, p, cols);
+      stage = stage + 1 == stages ? 0 : stage + 1;
+    } else {
+      load_row(row, cur);
+      prefetch_rows<kRowsPerBlock>(dy, base + row_stride, p.rows, C, cols);
+      prefetch_rows<kRowsPerBlock>(h, base + row_stride, p.rows, C, cols);
+    }
+    // dh_extra is read after this row's barrier: the next rows' go to L2 now.
     if (dh_extra) prefetch_rows<kRowsPerBlock>(dh_extra, base + row_stride, p.rows, C, cols);
     // g = dy * scale and xhat, from the row as stored: computed here for the
     // sums and again for dh, rather than held in float32 registers.
@@ -212,8 +218,8 @@ __device__ __forceinline__ void bwd_rows(const NormBwdParams& p) {
 // Cluster instances (kSplit > 1) compile to empty kernels below sm_90.
 template <typename T, int kGroup, int kVecs, int kSplit>
 __global__ void __launch_bounds__(block_threads<kGroup>())
-norm_bwd_rows_kernel(NormBwdParams p) {
-  if constexpr (kSplit == 1 || kClustersCompiled) bwd_rows<T, kGroup, kVecs, kSplit>(p);
+norm_bwd_rows_kernel(NormBwdParams p, int stages) {
+  if constexpr (kSplit == 1 || kClustersCompiled) bwd_rows<T, kGroup, kVecs, kSplit>(p, stages);
 }
 
 }  // namespace norm
