@@ -1,11 +1,12 @@
-"""Layer norm / RMS norm over 64 MB of bf16 at row widths 512 to 65536: the
-kernels (forced, `implementation="cuda"`) against XLA's fusion of the jnp
-version and Pallas' layer norm. Forward and backward are timed apart; the
-backward is a chain of the forward's VJP function, so it measures the
-backward alone."""
+"""Layer norm / RMS norm over 256 MB of bf16 (JAXCRAFT_BENCH_NORM_MB sets
+another size) at row widths 512 to 65536: the kernels (forced,
+`implementation="cuda"`) against XLA's fusion of the jnp version and
+Pallas' layer norm. Forward and backward are timed apart; the backward is a
+chain of the forward's VJP function, so it measures the backward alone."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import jax
@@ -70,6 +71,8 @@ def _selected(variable, values):
 
 
 def run(bandwidth: float, specs=NORM_SPECS):
+  if mb := os.environ.get("JAXCRAFT_BENCH_NORM_MB"):
+    specs = [dataclasses.replace(s, mb=int(mb)) for s in specs]
   rows = []
   for spec in [s for s in specs if s.cols in map(int, _selected("JAXCRAFT_BENCH_NORM_COLS",
                                                                   [s.cols for s in specs]))]:

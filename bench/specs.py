@@ -8,13 +8,16 @@ import dataclasses
 
 @dataclasses.dataclass(frozen=True)
 class NormSpec:
-  """bf16 rows of `cols` columns, as many as make x 64 MB: larger than the
-  H200's 50 MB L2, so every pass reads HBM."""
+  """bf16 rows of `cols` columns, as many as make x `mb` MB: larger than the
+  H200's 50 MB L2, so every pass reads HBM, and large enough that a call's
+  fixed cost (1-8 us beyond its kernel in an XLA chain) is a few percent of
+  it (at 64 MB, up to a sixth)."""
   cols: int
+  mb: int = 256
 
   @property
   def rows(self) -> int:
-    return (64 << 20) // (2 * self.cols)
+    return (self.mb << 20) // (2 * self.cols)
 
   @property
   def name(self) -> str:
