@@ -41,7 +41,7 @@ struct BwdStages {
 
   // Starts this thread's copies of `row` into `stage` (nothing past the last
   // row) and commits them as one group: every call commits one, so that
-  // wait() counts rows.
+  // take()'s wait counts rows.
   template <class Columns>
   __device__ void issue(int stage, int64_t row, const NormBwdParams& p, const Columns& cols) const {
     if (row < p.rows) {
